@@ -1,0 +1,61 @@
+/* Settings: one table (settings.def), parsed in one place. */
+#ifndef PINSHIM_CONFIG_H
+#define PINSHIM_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+enum shim_mode { MODE_OFF, MODE_OBSERVE, MODE_PIN, MODE_FULL };
+
+struct shim_config {
+    enum shim_mode mode;
+    uint64_t min_size;            /* PINSHIM_MIN_SIZE: smallest block tracked and promoted */
+    uint64_t budget;              /* PINSHIM_BUDGET, resolved to bytes */
+    uint64_t node_budget;         /* PINSHIM_NODE_BUDGET, bytes; 0 = none */
+    uint64_t rewrite_min;         /* PINSHIM_REWRITE_MIN: smallest sync copy moved to a shim stream */
+    uint64_t staging_min;         /* PINSHIM_STAGING_MIN: smallest pageable copy sent through staging */
+    uint64_t staging_chunk;       /* PINSHIM_STAGING_CHUNK */
+    uint64_t staging_buffers;     /* PINSHIM_STAGING_BUFFERS */
+    uint64_t copy_threads;        /* PINSHIM_COPY_THREADS */
+    uint64_t bw_h2d_pageable;     /* PINSHIM_BW_H2D_PAGEABLE, MB/s */
+    uint64_t bw_d2h_pageable;     /* PINSHIM_BW_D2H_PAGEABLE, MB/s */
+    uint64_t bw_pinned;           /* PINSHIM_BW_PINNED, MB/s */
+    uint64_t reg_cost_resident;   /* PINSHIM_REGISTER_COST, us per GiB of resident pages */
+    uint64_t reg_cost_fault;      /* PINSHIM_REGISTER_FAULT_COST, us per GiB of pages not yet touched */
+    bool trust_async;             /* PINSHIM_TRUST_ASYNC */
+    bool calibrate;               /* PINSHIM_CALIBRATE */
+    bool nvtx;                    /* PINSHIM_NVTX */
+    uint64_t callsite_min;        /* PINSHIM_CALLSITE_MIN: copies this large always get a call site */
+    uint64_t log_level;           /* PINSHIM_LOG: 0 warnings only, 1 info, 2 debug */
+    char report[512];             /* PINSHIM_REPORT: "" off, "1" stderr, else a path (%p, %r) */
+    char stats[512];              /* PINSHIM_STATS: JSON path (%p, %r); "" off */
+};
+
+extern struct shim_config shim_cfg;
+
+/* Read every setting from the environment; a bad value warns once, naming the variable, and
+ * the default is used.  getenv_fn lets unit tests supply their own environment. */
+void config_load(const char *(*getenv_fn)(const char *name));
+
+/* Parsers, exposed for unit tests.  Return 0 on success, -1 on a bad or overflowing value. */
+int config_parse_size(const char *text, uint64_t *out);          /* base 10, K/M/G/T (x1024) */
+int config_parse_size_or_percent(const char *text, uint64_t total, uint64_t *out); /* "25%" of total */
+int config_parse_uint(const char *text, uint64_t *out);
+int config_parse_bool(const char *text, bool *out);               /* 0/1, yes/no, on/off, true/false */
+const char *config_mode_name(enum shim_mode m);
+
+/* Physical memory in bytes (for percentages). */
+uint64_t config_physical_memory(void);
+
+/* One line per setting, for the README check: "NAME|default|range|unit|description". */
+void config_print_table(int fd);
+
+/* Expand %p (pid) and %r (rank from RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID; "x" when
+ * none) in a path template. */
+void config_expand_path(const char *tmpl, char *out, size_t outsz);
+/* The same, false when the result does not fit (out is then ""): a cut-short path would name
+ * some other file.  %% gives %; any other % sequence is kept as it is. */
+bool config_expand_path_checked(const char *tmpl, char *out, size_t outsz);
+
+#endif

@@ -1,0 +1,16 @@
+/* The handler every variant of a hooked entry point forwards to (declared from hooks.def). */
+#ifndef PINSHIM_HANDLERS_H
+#define PINSHIM_HANDLERS_H
+
+#include <cuda.h>
+#include "hooks.h"
+
+#define HOOK_UNPACK(...) __VA_ARGS__
+#define HOOK(sym, base, ver, flav, handler, params, args) CUresult handler(enum hook_id id, HOOK_UNPACK params);
+#include "hooks.def"
+#undef HOOK
+
+/* Whether the shim may act on this call at all: the mode, the fork child, its own work. */
+int copy_engaged(void);
+
+#endif

@@ -1,0 +1,170 @@
+/* Large allocations and the program's mappings (see heap.h). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "heap.h"
+#include "policy.h"
+#include "real.h"
+#include "shim.h"
+#include "stats.h"
+#include "table.h"
+
+size_t heap_track_min = SIZE_MAX;
+
+void *heap_raw_map(size_t len)
+{
+    /* The system call itself: the mmap hook must not see the shim's own mappings. */
+    void *p = (void *)syscall(SYS_mmap, NULL, len, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS, -1, (off_t)0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void heap_raw_unmap(void *p, size_t len)
+{
+    syscall(SYS_munmap, p, len);
+}
+
+void *heap_alloc(size_t n, size_t align, int zero)
+{
+    if (align < 16)
+        align = 16;
+    struct block *b = policy_cache_take(n, align);
+    if (b) {
+        stats_add(STAT_CACHE_HITS, 1);
+        if (zero)
+            memset((void *)b->base, 0, n);
+        return (void *)b->base;
+    }
+    if (n > SIZE_MAX - align - SHIM_PAGE_SIZE) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    size_t map_len = page_up(n + (align > SHIM_PAGE_SIZE ? align : 0));
+    void *map = heap_raw_map(map_len);
+    if (!map) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    uintptr_t base = ((uintptr_t)map + align - 1) & ~(uintptr_t)(align - 1);
+    table_lock();
+    b = block_new();
+    if (!b) {
+        table_unlock();
+        heap_raw_unmap(map, map_len);
+        errno = ENOMEM;
+        return NULL;
+    }
+    b->base = base;
+    b->size = n;
+    b->map_base = (uintptr_t)map;
+    b->map_len = map_len;
+    b->origin = ORIGIN_HEAP;
+    b->state = BLOCK_PAGEABLE;
+    b->prot = PROT_READ | PROT_WRITE;
+    table_insert(b);
+    table_unlock();
+    /* Fresh anonymous pages are already zero. */
+    return (void *)base;
+}
+
+int heap_free(void *p)
+{
+    table_lock();
+    struct block *b = table_find_base((uintptr_t)p);
+    if (!b || b->origin != ORIGIN_HEAP || b->state == BLOCK_CACHED) {
+        table_unlock();
+        return 0;
+    }
+    if (b->state == BLOCK_PROMOTED) {
+        if (shim_forked_child) {
+            /* The child owns no registration (the parent's driver state did the pinning):
+             * free the mapping and never touch the driver (semantics rule 8). */
+            stats_add(STAT_FORK_CHILD_FREES, 1);
+        } else {
+            /* Keep it pinned for the next large allocation that fits: unregistering here
+             * would stall until the device is idle. */
+            policy_cache_put(b);
+            table_unlock();
+            return 1;
+        }
+    }
+    uintptr_t map = b->map_base;
+    size_t len = b->map_len;
+    table_remove(b);
+    block_delete(b);
+    table_unlock();
+    heap_raw_unmap((void *)map, len);
+    return 1;
+}
+
+size_t heap_usable_size(void *p)
+{
+    size_t usable = (size_t)-1;
+    table_lock();
+    struct block *b = table_find_base((uintptr_t)p);
+    if (b && b->origin == ORIGIN_HEAP && b->state != BLOCK_CACHED)
+        usable = b->map_base + b->map_len - b->base;
+    table_unlock();
+    return usable;
+}
+
+void *heap_realloc(void *p, size_t n, int *handled)
+{
+    table_lock();
+    struct block *b = table_find_base((uintptr_t)p);
+    if (!b || b->origin != ORIGIN_HEAP || b->state == BLOCK_CACHED) {
+        table_unlock();
+        *handled = 0;
+        return NULL;
+    }
+    *handled = 1;
+    size_t usable = b->map_base + b->map_len - b->base;
+    size_t old = b->size;
+    if (n <= usable && n >= heap_track_min) {
+        /* In place: the mapping (and any registration of it) already covers n bytes. */
+        b->size = n;
+        table_unlock();
+        return p;
+    }
+    table_unlock();
+    /* Move: a new block (perhaps from the cache, perhaps a small one from the real allocator),
+     * then the old one goes the way of free(), so a registration is never handed back to the
+     * allocator or shrunk under the program. */
+    void *q = n >= heap_track_min ? heap_alloc(n, 16, 0) : libc.malloc(n);
+    if (!q)
+        return NULL;
+    memcpy(q, p, old < n ? old : n);
+    heap_free(p);
+    return q;
+}
+
+void heap_track_mapping(void *p, size_t len, int prot, int flags)
+{
+    if (len < heap_track_min || !(prot & PROT_READ))
+        return;
+    table_lock();
+    if (table_find_containing((uintptr_t)p)) {
+        table_unlock();
+        return;
+    }
+    struct block *b = block_new();
+    if (b) {
+        b->base = b->map_base = (uintptr_t)p;
+        b->size = b->map_len = page_up(len);
+        b->origin = ORIGIN_MMAP;
+        b->state = BLOCK_PAGEABLE;
+        b->prot = prot;
+        table_insert(b);
+    }
+    table_unlock();
+}
+
+void heap_before_unmap(void *p, size_t len, int drop)
+{
+    if (!table_count())
+        return;
+    policy_release_range((uintptr_t)p, len, drop);
+}

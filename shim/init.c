@@ -1,0 +1,66 @@
+/* Start-up and shut-down: settings, tracking, fork handling, the exit report. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include "config.h"
+#include "heap.h"
+#include "policy.h"
+#include "real.h"
+#include "shim.h"
+#include "staging.h"
+#include "stats.h"
+#include "streams.h"
+#include "table.h"
+
+static void before_fork(void)
+{
+    table_lock();
+}
+
+static void after_fork_parent(void)
+{
+    table_unlock();
+}
+
+static void after_fork_child(void)
+{
+    /* The child shares no driver state with the parent: it must never call the driver
+     * (semantics rule 8).  Its frees of tracked blocks still work, without the driver. */
+    shim_forked_child = 1;
+    table_after_fork_child();
+    policy_forget_registrations();
+    streams_forget_all();
+    staging_shutdown();
+}
+
+/* The library constructor runs before main, after the allocator hooks may already have served
+ * the loader (they serve it from the real allocator until the settings are known). */
+__attribute__((constructor)) static void pinshim_start(void)
+{
+    shim_init();
+}
+
+static int started;
+
+void shim_init(void)
+{
+    if (__atomic_exchange_n(&started, 1, __ATOMIC_ACQ_REL))
+        return;
+    shim_enter();
+    real_libc_resolve();
+    config_load(NULL);
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    if (shim_cfg.mode != MODE_OFF)
+        heap_track_min = (size_t)shim_cfg.min_size;
+    shim_leave();
+}
+
+__attribute__((destructor)) static void pinshim_stop(void)
+{
+    if (shim_cfg.mode == MODE_OFF || shim_forked_child)
+        return;
+    shim_enter();
+    staging_shutdown();
+    stats_finish();
+    shim_leave();
+}

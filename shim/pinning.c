@@ -1,0 +1,105 @@
+/* The program's own pinning and stream captures: the shim keeps out of their way. */
+#define _GNU_SOURCE
+#include <cudaTypedefs.h>
+#include "handlers.h"
+#include "policy.h"
+#include "real.h"
+#include "shim.h"
+#include "stats.h"
+#include "streams.h"
+#include "table.h"
+
+CUresult on_host_register(enum hook_id id, void *p, size_t n, unsigned int flags)
+{
+    int engaged = copy_engaged();
+    if (engaged && p && n) {
+        /* The program's registration must succeed as it would without the shim (rule 5): the
+         * shim lets go of any registration of its own there first, waiting for its DMA. */
+        shim_enter();
+        int released = policy_release_range((uintptr_t)p, n, 0);
+        if (released)
+            stats_add(STAT_PROGRAM_REGISTER_YIELDS, (uint64_t)released);
+        shim_leave();
+    }
+    shim_enter();
+    CUresult r = ((PFN_cuMemHostRegister_v6050)real_hook[id])(p, n, flags);
+    shim_leave();
+    if (r == CUDA_SUCCESS)
+        pinned_add((uintptr_t)p, n, 0);
+    return r;
+}
+
+CUresult on_host_unregister(enum hook_id id, void *p)
+{
+    shim_enter();
+    CUresult r = ((PFN_cuMemHostUnregister_v4000)real_hook[id])(p);
+    shim_leave();
+    if (r == CUDA_SUCCESS)
+        pinned_remove((uintptr_t)p);
+    return r;
+}
+
+CUresult on_host_alloc(enum hook_id id, void **pp, size_t n, unsigned int flags)
+{
+    /* The driver's own allocations inside this call are not the program's blocks. */
+    shim_enter();
+    CUresult r = ((PFN_cuMemHostAlloc_v2020)real_hook[id])(pp, n, flags);
+    shim_leave();
+    if (r == CUDA_SUCCESS && pp && *pp)
+        pinned_add((uintptr_t)*pp, n, 1);
+    return r;
+}
+
+CUresult on_alloc_host(enum hook_id id, void **pp, size_t n)
+{
+    shim_enter();
+    CUresult r = ((PFN_cuMemAllocHost_v3020)real_hook[id])(pp, n);
+    shim_leave();
+    if (r == CUDA_SUCCESS && pp && *pp)
+        pinned_add((uintptr_t)*pp, n, 1);
+    return r;
+}
+
+CUresult on_free_host(enum hook_id id, void *p)
+{
+    shim_enter();
+    CUresult r = ((PFN_cuMemFreeHost_v2000)real_hook[id])(p);
+    shim_leave();
+    if (r == CUDA_SUCCESS)
+        pinned_remove((uintptr_t)p);
+    return r;
+}
+
+CUresult on_begin_capture(enum hook_id id, CUstream s, CUstreamCaptureMode mode)
+{
+    CUresult r = ((PFN_cuStreamBeginCapture_v10010)real_hook[id])(s, mode);
+    if (r == CUDA_SUCCESS)
+        capture_begin(s, mode);
+    return r;
+}
+
+CUresult on_begin_capture_v1(enum hook_id id, CUstream s)
+{
+    CUresult r = ((CUresult(*)(CUstream))real_hook[id])(s);
+    if (r == CUDA_SUCCESS)
+        capture_begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    return r;
+}
+
+CUresult on_begin_capture_to_graph(enum hook_id id, CUstream s, CUgraph g, const CUgraphNode *deps,
+                                   const CUgraphEdgeData *edges, size_t ndeps, CUstreamCaptureMode mode)
+{
+    CUresult r = ((PFN_cuStreamBeginCaptureToGraph_v12030)real_hook[id])(s, g, deps, edges, ndeps, mode);
+    if (r == CUDA_SUCCESS)
+        capture_begin(s, mode);
+    return r;
+}
+
+CUresult on_end_capture(enum hook_id id, CUstream s, CUgraph *g)
+{
+    CUresult r = ((PFN_cuStreamEndCapture_v10000)real_hook[id])(s, g);
+    /* An invalidated capture has ended too. */
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+        capture_end(s);
+    return r;
+}

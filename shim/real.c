@@ -1,0 +1,96 @@
+/* Resolving the real libc and driver functions, once each. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <string.h>
+#include "real.h"
+#include "shim.h"
+
+struct libc_fns libc;
+struct driver_fns drv;
+void *real_hook[HOOK_COUNT];
+
+static void *find_real_dlsym(void)
+{
+    /* dlsym is hooked, so the real one comes from dlvsym under either glibc version. */
+    void *f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!f)
+        f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    return f;
+}
+
+void real_libc_resolve(void)
+{
+    if (__atomic_load_n(&libc.dlsym, __ATOMIC_ACQUIRE))
+        return;
+    void *(*real_dlsym)(void *, const char *) = (void *(*)(void *, const char *))find_real_dlsym();
+    if (!real_dlsym)
+        return;
+    /* dlsym may allocate (dlerror state): the hooks serve that from the bootstrap pool. */
+    shim_enter();
+#define RESOLVE_(field, name) *(void **)&libc.field = real_dlsym(RTLD_NEXT, name)
+    RESOLVE_(malloc, "malloc");
+    RESOLVE_(calloc, "calloc");
+    RESOLVE_(realloc, "realloc");
+    RESOLVE_(free, "free");
+    RESOLVE_(posix_memalign, "posix_memalign");
+    RESOLVE_(aligned_alloc, "aligned_alloc");
+    RESOLVE_(memalign, "memalign");
+    RESOLVE_(valloc, "valloc");
+    RESOLVE_(pvalloc, "pvalloc");
+    RESOLVE_(malloc_usable_size, "malloc_usable_size");
+    RESOLVE_(mmap, "mmap");
+    RESOLVE_(munmap, "munmap");
+    RESOLVE_(mremap, "mremap");
+    RESOLVE_(madvise, "madvise");
+#undef RESOLVE_
+    __atomic_store_n(&libc.dlsym, real_dlsym, __ATOMIC_RELEASE);
+    shim_leave();
+}
+
+static pthread_mutex_t driver_lock = PTHREAD_MUTEX_INITIALIZER;
+static int driver_ready;
+
+int real_driver_ready(void)
+{
+    return __atomic_load_n(&driver_ready, __ATOMIC_ACQUIRE);
+}
+
+static int is_pseudo_handle(void *h)
+{
+    return h == RTLD_DEFAULT || h == RTLD_NEXT;
+}
+
+int real_driver_resolve(void *handle)
+{
+    if (real_driver_ready())
+        return 1;
+    if (shim_forked_child)
+        return 0;
+    real_libc_resolve();
+    if (!libc.dlsym)
+        return 0;
+    shim_enter();
+    pthread_mutex_lock(&driver_lock);
+    if (!driver_ready) {
+        void *h = NULL;
+        if (handle && !is_pseudo_handle(handle) && libc.dlsym(handle, "cuInit"))
+            h = handle;
+        /* RTLD_NOLOAD: never load the driver into a program that did not. */
+        if (!h)
+            h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (!h)
+            h = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            for (int i = 0; i < HOOK_COUNT; i++)
+                real_hook[i] = libc.dlsym(h, hook_table[i].symbol);
+#define DRIVER_RESOLVE_(name, ret, params) *(void **)&drv.name = libc.dlsym(h, #name);
+            DRIVER_HELPERS(DRIVER_RESOLVE_)
+#undef DRIVER_RESOLVE_
+            __atomic_store_n(&driver_ready, 1, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&driver_lock);
+    shim_leave();
+    return real_driver_ready();
+}

@@ -1,0 +1,73 @@
+/* The real libc and driver functions, each resolved once. */
+#ifndef PINSHIM_REAL_H
+#define PINSHIM_REAL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+#include <cuda.h>
+#include "hooks.h"
+
+struct libc_fns {
+    void *(*malloc)(size_t);
+    void *(*calloc)(size_t, size_t);
+    void *(*realloc)(void *, size_t);
+    void (*free)(void *);
+    int (*posix_memalign)(void **, size_t, size_t);
+    void *(*aligned_alloc)(size_t, size_t);
+    void *(*memalign)(size_t, size_t);
+    void *(*valloc)(size_t);
+    void *(*pvalloc)(size_t);
+    size_t (*malloc_usable_size)(void *);
+    void *(*mmap)(void *, size_t, int, int, int, off_t);
+    int (*munmap)(void *, size_t);
+    void *(*mremap)(void *, size_t, size_t, int, ...);
+    int (*madvise)(void *, size_t, int);
+    void *(*dlsym)(void *, const char *);
+};
+extern struct libc_fns libc;
+
+/* Resolve the libc functions (idempotent; safe from inside the first malloc). */
+void real_libc_resolve(void);
+
+/* Driver functions the shim calls for its own work (not hooked). */
+#define DRIVER_HELPERS(X)                                                                   \
+    X(cuCtxGetCurrent, CUresult, (CUcontext *))                                             \
+    X(cuCtxPushCurrent_v2, CUresult, (CUcontext))                                           \
+    X(cuCtxPopCurrent_v2, CUresult, (CUcontext *))                                          \
+    X(cuCtxGetDevice, CUresult, (CUdevice *))                                               \
+    X(cuCtxSynchronize, CUresult, (void))                                                   \
+    X(cuDeviceGetAttribute, CUresult, (int *, CUdevice_attribute, CUdevice))                \
+    X(cuPointerGetAttribute, CUresult, (void *, CUpointer_attribute, CUdeviceptr))          \
+    X(cuStreamCreate, CUresult, (CUstream *, unsigned int))                                 \
+    X(cuStreamDestroy_v2, CUresult, (CUstream))                                             \
+    X(cuStreamSynchronize, CUresult, (CUstream))                                            \
+    X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned int))                       \
+    X(cuStreamIsCapturing, CUresult, (CUstream, CUstreamCaptureStatus *))                   \
+    X(cuStreamIsCapturing_ptsz, CUresult, (CUstream, CUstreamCaptureStatus *))              \
+    X(cuStreamGetCtx, CUresult, (CUstream, CUcontext *))                                    \
+    X(cuEventCreate, CUresult, (CUevent *, unsigned int))                                   \
+    X(cuEventRecord, CUresult, (CUevent, CUstream))                                         \
+    X(cuEventRecord_ptsz, CUresult, (CUevent, CUstream))                                    \
+    X(cuEventSynchronize, CUresult, (CUevent))                                              \
+    X(cuEventQuery, CUresult, (CUevent))                                                    \
+    X(cuEventDestroy_v2, CUresult, (CUevent))                                               \
+    X(cuMemAlloc_v2, CUresult, (CUdeviceptr *, size_t))                                     \
+    X(cuMemFree_v2, CUresult, (CUdeviceptr))
+
+struct driver_fns {
+#define DRIVER_FIELD_(name, ret, params) ret (*name) params;
+    DRIVER_HELPERS(DRIVER_FIELD_)
+#undef DRIVER_FIELD_
+};
+extern struct driver_fns drv;
+
+/* The driver's own definition of each hooked symbol (NULL where the driver lacks it). */
+extern void *real_hook[HOOK_COUNT];
+
+/* Find the driver once: from `handle` when a program hands us one (dlsym door), else from
+ * the global scope or an already-loaded libcuda.so.1.  Returns 1 when the driver is known.
+ * Never loads libcuda into a program that did not load it. */
+int real_driver_resolve(void *handle);
+int real_driver_ready(void);
+
+#endif

@@ -1,0 +1,39 @@
+/* Things every shim module shares: the recursion guard, the clock, visibility. */
+#ifndef PINSHIM_SHIM_H
+#define PINSHIM_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <time.h>
+
+#define SHIM_EXPORT __attribute__((visibility("default")))
+#define SHIM_LIKELY(x) __builtin_expect(!!(x), 1)
+#define SHIM_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Non-zero while this thread runs the shim's own code: the allocation hooks then go straight
+ * to the real allocator and the driver doors straight to the driver, so the shim never sees
+ * its own work (initial-exec TLS: no allocation on first access, safe inside malloc). */
+extern __thread int shim_busy;
+
+static inline void shim_enter(void) { shim_busy++; }
+static inline void shim_leave(void) { shim_busy--; }
+
+/* Set in a forked child: it must not call into the driver (semantics rule 8). */
+extern volatile int shim_forked_child;
+
+static inline uint64_t shim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#define SHIM_PAGE_SIZE 4096ul
+static inline uintptr_t page_down(uintptr_t a) { return a & ~(SHIM_PAGE_SIZE - 1); }
+static inline uintptr_t page_up(uintptr_t a) { return (a + SHIM_PAGE_SIZE - 1) & ~(SHIM_PAGE_SIZE - 1); }
+
+/* Start-up and shut-down, in init.c: settings, logger, exit report. */
+void shim_init(void);
+
+#endif

@@ -1,0 +1,110 @@
+/* Transfer statistics: counters, size histogram, call sites; text report and JSON at exit. */
+#ifndef PINSHIM_STATS_H
+#define PINSHIM_STATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum copy_dir { DIR_H2D, DIR_D2H, DIR_D2D, DIR_H2H, DIR_COUNT };
+
+/* What the host side of a copy was, i.e. which path it took. */
+enum mem_kind {
+    MEM_PAGEABLE,   /* left pageable: the driver's own path */
+    MEM_PROMOTED,   /* registered by the shim */
+    MEM_PINNED,     /* pinned by the program itself (cuMemHostAlloc / its own register) */
+    MEM_STAGED,     /* pageable, moved through the shim's staging pipeline */
+    MEM_DEVICE,     /* no host side (device to device, peer) */
+    MEM_KIND_COUNT
+};
+
+/* Event counters.  X(name, json key) */
+#define STATS_COUNTERS(X)                                   \
+    X(PROMOTIONS, "promotions")                             \
+    X(PROMOTED_BYTES, "promoted_bytes")                     \
+    X(EVICTIONS, "evictions")                               \
+    X(EVICTED_BYTES, "evicted_bytes")                       \
+    X(PROMOTION_FAILURES, "promotion_failures")             \
+    X(PROMOTIONS_DECLINED, "promotions_declined")           \
+    X(CACHE_HITS, "cache_hits")                             \
+    X(CACHE_MISSES, "cache_misses")                         \
+    X(CACHE_RELEASED, "cache_released")                     \
+    X(REGISTER_NS, "register_ns")                           \
+    X(UNREGISTER_NS, "unregister_ns")                       \
+    X(PROGRAM_REGISTER_YIELDS, "program_register_yields")   \
+    X(REWRITE_SYNC_TO_ASYNC, "sync_to_async")               \
+    X(REWRITE_ASYNC_WAITED, "async_waited")                 \
+    X(ORDERING_WAIT_NS, "ordering_wait_ns")                 \
+    X(STAGED_COPIES, "staged_copies")                       \
+    X(STAGED_BYTES, "staged_bytes")                         \
+    X(STAGED_NS, "staged_ns")                               \
+    X(STAGING_FAILURES, "staging_failures")                 \
+    X(CAPTURE_PASSTHROUGH, "capture_passthrough")           \
+    X(FALLBACKS, "fallbacks")                               \
+    X(BATCH_COPIES, "batch_copies")                         \
+    X(PEER_COPIES, "peer_copies")                           \
+    X(FORK_CHILD_FREES, "fork_child_frees")                 \
+    X(UNTRACKED_LOOKUPS, "untracked_lookups")
+
+enum stats_counter {
+#define STATS_ENUM_(name, key) STAT_##name,
+    STATS_COUNTERS(STATS_ENUM_)
+#undef STATS_ENUM_
+    STAT_COUNTER_COUNT
+};
+
+/* One copy, as the copy engine saw it. */
+struct copy_record {
+    enum copy_dir dir;
+    enum mem_kind kind;
+    size_t bytes;
+    uint64_t ns;          /* time spent inside the call */
+    int is_async;         /* the program called an *Async entry point */
+    int host_blocked;     /* the call blocked the host (sync copy, or async from pageable) */
+};
+
+void stats_record_copy(const struct copy_record *r);
+void stats_add(enum stats_counter c, uint64_t delta);
+uint64_t stats_get(enum stats_counter c);
+
+/* Registered bytes (promotions + cache + staging) now; keeps the peak. */
+void stats_registered_bytes(uint64_t now);
+
+/* Promotion switched itself off (e.g. the device reads pageable memory through host page
+ * tables, or registration is unsupported): the reason goes into the report. */
+void stats_promotion_disabled(const char *reason);
+
+/* Call-site attribution: walks the stack (backtrace) above the shim and driver frames, for
+ * copies of at least PINSHIM_CALLSITE_MIN bytes and a sample of smaller ones. */
+void stats_record_site(const struct copy_record *r);
+
+/* Read-only views for tests and the report. */
+struct dir_totals { uint64_t count, bytes, ns; };
+struct dir_totals stats_dir(enum copy_dir d);
+struct dir_totals stats_kind(enum mem_kind k);
+
+/* Size histogram: bucket 0 holds empty copies, bucket k+1 copies with 2^k <= bytes < 2^(k+1). */
+#define STATS_HIST_BUCKETS 65
+unsigned stats_hist_index(uint64_t bytes);
+uint64_t stats_hist_min_bytes(unsigned index);
+struct dir_totals stats_hist(unsigned index);     /* ns is always 0 */
+uint64_t stats_registered_peak(void);
+
+/* Output.  Both write to the file descriptor; JSON follows the README's format. */
+void stats_write_json(int fd);
+void stats_write_report(int fd);
+
+/* JSON keys beyond the README's format: memory.<kind>.seconds; other.untracked_lookups;
+ * call_sites_total (distinct sites seen), call_site_copies_dropped (copies from sites past the
+ * table's limit), call_site_sampling (copies under PINSHIM_CALLSITE_MIN are sampled 1 in this
+ * many and counted that many times); per call site: stack (the key's return addresses,
+ * symbolized), sampled (counts include scaled samples), paths.device, flag_paths (per flag, the
+ * paths the flagged copies took, i.e. what the shim did with them). */
+
+/* At exit: the report (PINSHIM_REPORT) and the JSON file (PINSHIM_STATS), written to a temporary
+ * file and renamed, so there is never a partial file; a failure warns and nothing else. */
+void stats_finish(void);
+
+/* Zero everything (tests; the child after fork). */
+void stats_reset(void);
+
+#endif

@@ -1,0 +1,241 @@
+/* Tracked blocks: a uthash table keyed by base address for free(), and an array sorted by
+ * mapping start for interior-pointer lookups (copies are rare next to mallocs, so a binary
+ * search under one lock is enough). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include "real.h"
+#include "shim.h"
+#include "table.h"
+
+/* uthash must not reach the hooked malloc: its buckets come from the real allocator. */
+#undef uthash_malloc
+#undef uthash_free
+#undef uthash_fatal
+
+static pthread_mutex_t table_mutex = PTHREAD_MUTEX_INITIALIZER;
+struct block *table_head;
+static struct block **sorted;
+static size_t sorted_len, sorted_cap;
+
+void table_lock(void) { pthread_mutex_lock(&table_mutex); }
+void table_unlock(void) { pthread_mutex_unlock(&table_mutex); }
+
+/* Private memory for records and the sorted index: raw mmap, so nothing here recurses into
+ * the allocation hooks. */
+static void *raw_alloc(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static struct block *free_records;
+
+struct block *block_new(void)
+{
+    if (!free_records) {
+        size_t n = 65536 / sizeof(struct block);
+        struct block *chunk = raw_alloc(n * sizeof(struct block));
+        if (!chunk)
+            return NULL;
+        for (size_t i = 0; i < n; i++) {
+            chunk[i].hh.next = free_records;
+            free_records = &chunk[i];
+        }
+    }
+    struct block *b = free_records;
+    free_records = b->hh.next;
+    memset(b, 0, sizeof *b);
+    return b;
+}
+
+void block_delete(struct block *b)
+{
+    b->hh.next = free_records;
+    free_records = b;
+}
+
+static size_t lower_bound(uintptr_t addr)
+{
+    size_t lo = 0, hi = sorted_len;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (sorted[mid]->map_base < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int sorted_reserve(void)
+{
+    if (sorted_len < sorted_cap)
+        return 0;
+    size_t cap = sorted_cap ? sorted_cap * 2 : 4096;
+    struct block **grown = raw_alloc(cap * sizeof *grown);
+    if (!grown)
+        return -1;
+    if (sorted) {
+        memcpy(grown, sorted, sorted_len * sizeof *grown);
+        munmap(sorted, sorted_cap * sizeof *sorted);
+    }
+    sorted = grown;
+    sorted_cap = cap;
+    return 0;
+}
+
+/* uthash allocates its bucket arrays; route them to raw mappings too. */
+static void *uthash_raw_alloc(size_t n)
+{
+    size_t *p = raw_alloc(n + 16);
+    if (!p)
+        return NULL;
+    p[0] = n + 16;
+    return (char *)p + 16;
+}
+
+static void uthash_raw_free(void *p)
+{
+    if (!p)
+        return;
+    size_t *h = (size_t *)((char *)p - 16);
+    munmap(h, h[0]);
+}
+#define uthash_malloc(sz) uthash_raw_alloc(sz)
+#define uthash_free(ptr, sz) uthash_raw_free(ptr)
+#define uthash_fatal(msg) abort()
+
+void table_insert(struct block *b)
+{
+    if (sorted_reserve() != 0)
+        return;
+    size_t i = lower_bound(b->map_base);
+    memmove(&sorted[i + 1], &sorted[i], (sorted_len - i) * sizeof *sorted);
+    sorted[i] = b;
+    sorted_len++;
+    HASH_ADD(hh, table_head, base, sizeof(uintptr_t), b);
+}
+
+void table_remove(struct block *b)
+{
+    size_t i = lower_bound(b->map_base);
+    while (i < sorted_len && sorted[i] != b)
+        i++;
+    if (i < sorted_len) {
+        memmove(&sorted[i], &sorted[i + 1], (sorted_len - i - 1) * sizeof *sorted);
+        sorted_len--;
+    }
+    HASH_DELETE(hh, table_head, b);
+}
+
+struct block *table_find_base(uintptr_t base)
+{
+    struct block *b = NULL;
+    HASH_FIND(hh, table_head, &base, sizeof(uintptr_t), b);
+    return b;
+}
+
+struct block *table_find_containing(uintptr_t p)
+{
+    size_t i = lower_bound(p + 1);
+    if (i == 0)
+        return NULL;
+    struct block *b = sorted[i - 1];
+    return p < b->map_base + b->map_len ? b : NULL;
+}
+
+size_t table_find_overlapping(uintptr_t start, size_t len, struct block **out, size_t max)
+{
+    size_t found = 0;
+    uintptr_t end = start + len;
+    size_t i = lower_bound(start + 1);
+    if (i > 0)
+        i--;
+    for (; i < sorted_len && found < max; i++) {
+        struct block *b = sorted[i];
+        if (b->map_base >= end)
+            break;
+        if (b->map_base + b->map_len > start)
+            out[found++] = b;
+    }
+    return found;
+}
+
+size_t table_count(void)
+{
+    return sorted_len;
+}
+
+/* Program-pinned ranges: few, so a small array. */
+struct pinned_range { uintptr_t start; size_t len; int host_alloc; };
+static struct pinned_range *pinned;
+static size_t pinned_len, pinned_cap;
+static pthread_mutex_t pinned_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+void pinned_add(uintptr_t start, size_t len, int host_alloc)
+{
+    pthread_mutex_lock(&pinned_mutex);
+    if (pinned_len == pinned_cap) {
+        size_t cap = pinned_cap ? pinned_cap * 2 : 256;
+        struct pinned_range *grown = raw_alloc(cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&pinned_mutex);
+            return;
+        }
+        if (pinned) {
+            memcpy(grown, pinned, pinned_len * sizeof *grown);
+            munmap(pinned, pinned_cap * sizeof *pinned);
+        }
+        pinned = grown;
+        pinned_cap = cap;
+    }
+    pinned[pinned_len++] = (struct pinned_range){start, len, host_alloc};
+    pthread_mutex_unlock(&pinned_mutex);
+}
+
+int pinned_remove(uintptr_t start)
+{
+    int found = 0;
+    pthread_mutex_lock(&pinned_mutex);
+    for (size_t i = 0; i < pinned_len; i++) {
+        if (pinned[i].start == start) {
+            pinned[i] = pinned[--pinned_len];
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&pinned_mutex);
+    return found;
+}
+
+int pinned_contains(uintptr_t p, size_t len)
+{
+    int found = 0;
+    if (!__atomic_load_n(&pinned_len, __ATOMIC_RELAXED))
+        return 0;
+    pthread_mutex_lock(&pinned_mutex);
+    for (size_t i = 0; i < pinned_len; i++) {
+        if (p >= pinned[i].start && p + len <= pinned[i].start + pinned[i].len) {
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&pinned_mutex);
+    return found;
+}
+
+void pinned_reset(void)
+{
+    pthread_mutex_lock(&pinned_mutex);
+    pinned_len = 0;
+    pthread_mutex_unlock(&pinned_mutex);
+}
+
+void table_after_fork_child(void)
+{
+    pthread_mutex_init(&table_mutex, NULL);
+    pthread_mutex_init(&pinned_mutex, NULL);
+}
