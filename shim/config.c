@@ -1,0 +1,447 @@
+/* Settings: the table in settings.def, parsed from the environment.
+ *
+ * config_load can run inside the program's first malloc, so nothing here allocates: getenv,
+ * fixed buffers and the non-allocating logger only.
+ *
+ * Value rules (the same for the defaults in settings.def):
+ *  - surrounding spaces and tabs are ignored; an empty value means "unset": the default, silently;
+ *  - sizes: base-10 digits with an optional suffix K, M, G, T or KiB, MiB, GiB, TiB (any letter
+ *    case), all powers of 1024.  "KB"/"MB"/... are refused: some read them as powers of 1000,
+ *    and guessing wrong by 2-10% silently is worse than one warning;
+ *  - percentages: "N%" with N a whole number 0..100, of physical memory;
+ *  - no sign, no fraction, no hex, nothing after the number; overflow is an error;
+ *  - booleans: 0/1, yes/no, true/false, on/off (any letter case); modes: off, observe, pin, full;
+ *  - a bad or out-of-range value prints exactly one warning line naming the variable, the text
+ *    and the default, and the default is used. */
+#include "config.h"
+#include "log.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/sysinfo.h>
+
+struct shim_config shim_cfg;
+
+#define SZ_K (UINT64_C(1) << 10)
+#define SZ_M (UINT64_C(1) << 20)
+#define SZ_G (UINT64_C(1) << 30)
+#define SZ_T (UINT64_C(1) << 40)
+
+enum setting_kind { KIND_ENUM, KIND_SIZE, KIND_SIZE_PCT, KIND_UINT, KIND_BOOL, KIND_PATH };
+
+struct setting {
+    const char *name;
+    enum setting_kind kind;
+    size_t offset;
+    size_t field_size;
+    const char *default_text;
+    uint64_t min, max;
+    const char *unit;
+    const char *description;
+};
+
+/* A setting's field must have the C type its kind stores, or the parser would write the wrong
+ * width: checked at compile time for every row. */
+#define FIELD_TYPE_MATCHES(kind, field)                                                  \
+    _Generic(&((struct shim_config *)0)->field,                                          \
+        enum shim_mode *: KIND_##kind == KIND_ENUM,                                      \
+        uint64_t *: (KIND_##kind == KIND_SIZE || KIND_##kind == KIND_SIZE_PCT ||         \
+                     KIND_##kind == KIND_UINT),                                          \
+        bool *: KIND_##kind == KIND_BOOL,                                                \
+        char (*)[sizeof(shim_cfg.report)]: KIND_##kind == KIND_PATH,                     \
+        default: 0)
+#define SETTING(NAME, kind, field, default_text, min, max, unit, description)            \
+    _Static_assert(FIELD_TYPE_MATCHES(kind, field), #NAME ": field type does not fit its kind");
+#include "settings.def"
+#undef SETTING
+
+static const struct setting settings[] = {
+#define SETTING(NAME, kind, field, default_text, min, max, unit, description)            \
+    { #NAME, KIND_##kind, offsetof(struct shim_config, field),                           \
+      sizeof(((struct shim_config *)0)->field), default_text, min, max, unit, description },
+#include "settings.def"
+#undef SETTING
+};
+#define SETTING_COUNT (sizeof(settings) / sizeof(settings[0]))
+
+static const char *const mode_names[] = {
+    [MODE_OFF] = "off", [MODE_OBSERVE] = "observe", [MODE_PIN] = "pin", [MODE_FULL] = "full",
+};
+
+const char *config_mode_name(enum shim_mode m)
+{
+    if ((unsigned)m < sizeof(mode_names) / sizeof(mode_names[0]))
+        return mode_names[m];
+    return "unknown";
+}
+
+/* ---- parsers ---- */
+
+/* Leading base-10 digits into *out; returns the first character after them, or NULL on no
+ * digits or overflow. */
+static const char *parse_digits(const char *p, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (!isdigit((unsigned char)*p))
+        return NULL;
+    for (; isdigit((unsigned char)*p); p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return NULL;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return p;
+}
+
+int config_parse_uint(const char *text, uint64_t *out)
+{
+    uint64_t v;
+    const char *end = text ? parse_digits(text, &v) : NULL;
+    if (!end || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* log2 of the suffix multiplier, or -1 when the suffix is not one we accept. */
+static int size_suffix_shift(const char *s)
+{
+    static const char letters[] = "KMGT";
+    if (!*s)
+        return 0;
+    const char *hit = strchr(letters, toupper((unsigned char)s[0]));
+    if (!hit)
+        return -1;
+    if (s[1] && strcasecmp(s + 1, "iB") != 0)
+        return -1;
+    return 10 * (int)(hit - letters + 1);
+}
+
+int config_parse_size(const char *text, uint64_t *out)
+{
+    uint64_t v;
+    const char *end = text ? parse_digits(text, &v) : NULL;
+    if (!end)
+        return -1;
+    int shift = size_suffix_shift(end);
+    if (shift < 0 || (shift && v > (UINT64_MAX >> shift)))
+        return -1;
+    *out = v << shift;
+    return 0;
+}
+
+int config_parse_size_or_percent(const char *text, uint64_t total, uint64_t *out)
+{
+    if (!text)
+        return -1;
+    size_t len = strlen(text);
+    if (len && text[len - 1] == '%') {
+        uint64_t pct;
+        const char *end = parse_digits(text, &pct);
+        if (!end || end != text + len - 1 || pct > 100)
+            return -1;
+        /* total * pct / 100 without overflowing for totals near 2^64 */
+        *out = total / 100 * pct + total % 100 * pct / 100;
+        return 0;
+    }
+    return config_parse_size(text, out);
+}
+
+int config_parse_bool(const char *text, bool *out)
+{
+    static const char *const yes[] = { "1", "yes", "true", "on" };
+    static const char *const no[] = { "0", "no", "false", "off" };
+    if (!text)
+        return -1;
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+        if (!strcasecmp(text, yes[i])) { *out = true; return 0; }
+        if (!strcasecmp(text, no[i])) { *out = false; return 0; }
+    }
+    return -1;
+}
+
+static int parse_mode(const char *text, enum shim_mode *out)
+{
+    for (unsigned m = 0; m < sizeof(mode_names) / sizeof(mode_names[0]); m++) {
+        if (!strcasecmp(text, mode_names[m])) {
+            *out = (enum shim_mode)m;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+uint64_t config_physical_memory(void)
+{
+    /* sysinfo rather than sysconf(_SC_PHYS_PAGES): older glibc answers the latter by reading
+     * /proc/meminfo through stdio, which allocates. */
+    struct sysinfo si;
+    if (sysinfo(&si) != 0)
+        return 0;
+    return (uint64_t)si.totalram * (si.mem_unit ? si.mem_unit : 1);
+}
+
+/* ---- applying one setting ---- */
+
+/* Parse text for setting s and store it; -1 when bad or out of range (nothing stored). */
+static int apply_value(const struct setting *s, const char *text, uint64_t phys_mem)
+{
+    char *field = (char *)&shim_cfg + s->offset;
+    uint64_t v;
+    bool b;
+    enum shim_mode m;
+
+    switch (s->kind) {
+    case KIND_ENUM:
+        if (parse_mode(text, &m) != 0)
+            return -1;
+        *(enum shim_mode *)field = m;
+        return 0;
+    case KIND_BOOL:
+        if (config_parse_bool(text, &b) != 0)
+            return -1;
+        *(bool *)field = b;
+        return 0;
+    case KIND_PATH:
+        if (strlen(text) >= s->field_size)
+            return -1;
+        memcpy(field, text, strlen(text) + 1);
+        return 0;
+    case KIND_SIZE_PCT:
+        if (strchr(text, '%')) {
+            if (config_parse_size_or_percent(text, phys_mem, &v) != 0)
+                return -1;
+            *(uint64_t *)field = v;
+            return 0;
+        }
+        __attribute__((fallthrough));   /* a plain size, range-checked below */
+    case KIND_SIZE:
+        if (config_parse_size(text, &v) != 0)
+            return -1;
+        break;
+    case KIND_UINT:
+        if (config_parse_uint(text, &v) != 0)
+            return -1;
+        break;
+    default:
+        return -1;
+    }
+    if (v < s->min || v > s->max)
+        return -1;
+    *(uint64_t *)field = v;
+    return 0;
+}
+
+/* A size as the table writes it: the largest K/M/G/T unit that divides it exactly. */
+static void format_size(uint64_t v, char *buf, size_t bufsz)
+{
+    static const char units[] = "KMGT";
+    int u = -1;
+    while (u < 3 && v && v % 1024 == 0) {
+        v /= 1024;
+        u++;
+    }
+    if (u < 0)
+        snprintf(buf, bufsz, "%llu", (unsigned long long)v);
+    else
+        snprintf(buf, bufsz, "%llu%c", (unsigned long long)v, units[u]);
+}
+
+static void format_range(const struct setting *s, char *buf, size_t bufsz)
+{
+    char lo[32], hi[32];
+    switch (s->kind) {
+    case KIND_ENUM:
+        snprintf(buf, bufsz, "off, observe, pin, full");
+        return;
+    case KIND_BOOL:
+        snprintf(buf, bufsz, "0/1, yes/no, true/false, on/off");
+        return;
+    case KIND_PATH:
+        snprintf(buf, bufsz, "path of under %zu bytes", s->field_size);
+        return;
+    case KIND_UINT:
+        snprintf(buf, bufsz, "%llu..%llu", (unsigned long long)s->min,
+                 (unsigned long long)s->max);
+        return;
+    case KIND_SIZE:
+    case KIND_SIZE_PCT:
+        format_size(s->min, lo, sizeof lo);
+        format_size(s->max, hi, sizeof hi);
+        snprintf(buf, bufsz, "%s..%s%s", lo, hi, s->kind == KIND_SIZE_PCT ? " or 0%..100%" : "");
+        return;
+    }
+    snprintf(buf, bufsz, "?");
+}
+
+/* The user's text, made safe for a one-line message: non-printable bytes as \xNN, cut short. */
+static void quote_for_log(const char *text, char *buf, size_t bufsz)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        if (o + 8 >= bufsz) {
+            memcpy(buf + o, "...", 4);
+            return;
+        }
+        if (*p >= 0x20 && *p < 0x7f && *p != '\\') {
+            buf[o++] = (char)*p;
+        } else {
+            buf[o++] = '\\';
+            buf[o++] = 'x';
+            buf[o++] = hex[*p >> 4];
+            buf[o++] = hex[*p & 15];
+        }
+    }
+    buf[o] = '\0';
+}
+
+static void warn_bad_value(const struct setting *s, const char *raw)
+{
+    static const char *const expected_prefix[] = {
+        [KIND_ENUM] = "one of ", [KIND_SIZE] = "a size ", [KIND_SIZE_PCT] = "a size or percentage ",
+        [KIND_UINT] = "a whole number ", [KIND_BOOL] = "one of ", [KIND_PATH] = "a ",
+    };
+    char shown[96], range[96];
+    quote_for_log(raw, shown, sizeof shown);
+    format_range(s, range, sizeof range);
+    shim_log(LOG_WARN, "%s=\"%s\" is not valid (expected %s%s%s); using the default %s",
+             s->name, shown, expected_prefix[s->kind], range,
+             s->kind == KIND_SIZE ? " with K/M/G/T or KiB/MiB/GiB/TiB (x1024)" : "",
+             *s->default_text ? s->default_text : "(unset)");
+}
+
+/* Copy text without surrounding spaces and tabs; -1 when it does not fit. */
+static int trim_into(const char *text, char *buf, size_t bufsz)
+{
+    while (*text == ' ' || *text == '\t')
+        text++;
+    size_t len = strlen(text);
+    while (len && (text[len - 1] == ' ' || text[len - 1] == '\t'))
+        len--;
+    if (len >= bufsz)
+        return -1;
+    memcpy(buf, text, len);
+    buf[len] = '\0';
+    return 0;
+}
+
+static const char *libc_getenv(const char *name) { return getenv(name); }
+
+void config_load(const char *(*getenv_fn)(const char *name))
+{
+    if (!getenv_fn)
+        getenv_fn = libc_getenv;
+    uint64_t phys_mem = config_physical_memory();
+    char value[1024];
+
+    memset(&shim_cfg, 0, sizeof shim_cfg);
+    for (size_t i = 0; i < SETTING_COUNT; i++) {
+        const struct setting *s = &settings[i];
+        /* Defaults go through the parser too (a unit test checks each one parses). */
+        apply_value(s, s->default_text, phys_mem);
+
+        const char *raw = getenv_fn(s->name);
+        if (!raw)
+            continue;
+        if (trim_into(raw, value, sizeof value) != 0) {
+            warn_bad_value(s, raw);
+            continue;
+        }
+        if (!value[0])
+            continue;
+        if (apply_value(s, value, phys_mem) != 0) {
+            warn_bad_value(s, raw);
+            apply_value(s, s->default_text, phys_mem);   /* a failed parse stores nothing, but be sure */
+        }
+    }
+}
+
+/* ---- the table for the README check ---- */
+
+static void write_all(int fd, const char *buf, size_t len)
+{
+    while (len) {
+        ssize_t n = write(fd, buf, len);
+        if (n < 0)
+            return;
+        buf += n;
+        len -= (size_t)n;
+    }
+}
+
+void config_print_table(int fd)
+{
+    for (size_t i = 0; i < SETTING_COUNT; i++) {
+        const struct setting *s = &settings[i];
+        char line[1024], range[96];
+        format_range(s, range, sizeof range);
+        int n = snprintf(line, sizeof line, "%s|%s|%s|%s|%s\n", s->name,
+                         *s->default_text ? s->default_text : "\"\"", range, s->unit,
+                         s->description);
+        if (n > 0)
+            write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    }
+}
+
+/* ---- %p / %r in file names ---- */
+
+/* The process's rank under the usual launchers, made safe for a file name; "x" when none. */
+static void find_rank(char *buf, size_t bufsz)
+{
+    static const char *const vars[] = { "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID" };
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) {
+            size_t o = 0;
+            for (; v[o] && o + 1 < bufsz; o++)
+                buf[o] = (isalnum((unsigned char)v[o]) || v[o] == '-' || v[o] == '.') ? v[o] : '_';
+            buf[o] = '\0';
+            return;
+        }
+    }
+    snprintf(buf, bufsz, "x");
+}
+
+bool config_expand_path_checked(const char *tmpl, char *out, size_t outsz)
+{
+    char piece[32];
+    size_t o = 0;
+    if (!outsz)
+        return false;
+    for (const char *p = tmpl; *p; p++) {
+        const char *add = piece;
+        if (*p == '%' && p[1] == 'p') {
+            snprintf(piece, sizeof piece, "%d", (int)getpid());
+            p++;
+        } else if (*p == '%' && p[1] == 'r') {
+            find_rank(piece, sizeof piece);
+            p++;
+        } else if (*p == '%' && p[1] == '%') {
+            add = "%";
+            p++;
+        } else {
+            piece[0] = *p;
+            piece[1] = '\0';
+        }
+        size_t len = strlen(add);
+        if (o + len >= outsz) {
+            out[0] = '\0';
+            return false;
+        }
+        memcpy(out + o, add, len);
+        o += len;
+    }
+    out[o] = '\0';
+    return true;
+}
+
+void config_expand_path(const char *tmpl, char *out, size_t outsz)
+{
+    config_expand_path_checked(tmpl, out, outsz);
+}

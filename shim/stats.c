@@ -1,0 +1,803 @@
+/* Transfer statistics: counters, size histogram, call sites; the text report and the JSON file.
+ *
+ * The copy path only does relaxed atomic adds.  Call sites cost a backtrace, so only large copies
+ * and a sample of small ones pay it; they live in a uthash table under a mutex.  The writers
+ * format into a fixed buffer and write(2) it, so producing the output allocates nothing. */
+#define _GNU_SOURCE
+#include "stats.h"
+#include "config.h"
+#include "log.h"
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <execinfo.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <unistd.h>
+
+/* Out of memory in the table must not end the program (uthash's default is exit()). */
+#define HASH_NONFATAL_OOM 1
+#include <uthash.h>
+
+static const char *const dir_names[DIR_COUNT] = { "h2d", "d2h", "d2d", "h2h" };
+static const char *const kind_names[MEM_KIND_COUNT] = {
+    "pageable", "promoted", "pinned", "staged", "device",
+};
+/* What the shim did with a copy of this kind, as the report words it. */
+static const char *const kind_actions[MEM_KIND_COUNT] = {
+    "left pageable", "promoted", "pinned by program", "staged", "device only",
+};
+
+/* ---- counters ---- */
+
+static struct dir_totals dir_sums[DIR_COUNT];
+static struct dir_totals kind_sums[MEM_KIND_COUNT];
+static struct dir_totals hist_sums[STATS_HIST_BUCKETS];
+static uint64_t counters[STAT_COUNTER_COUNT];
+static uint64_t registered_now, registered_peak;
+
+/* The first reason promotion was switched off; set once, read at exit. */
+static char disabled_reason[192];
+static int disabled_claimed, disabled_ready;
+
+static inline void add_relaxed(uint64_t *p, uint64_t v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline uint64_t load_relaxed(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+
+static struct dir_totals load_totals(const struct dir_totals *t)
+{
+    return (struct dir_totals){ load_relaxed(&t->count), load_relaxed(&t->bytes), load_relaxed(&t->ns) };
+}
+
+unsigned stats_hist_index(uint64_t bytes)
+{
+    return bytes ? 64u - (unsigned)__builtin_clzll(bytes) : 0u;
+}
+
+uint64_t stats_hist_min_bytes(unsigned index)
+{
+    return index ? UINT64_C(1) << (index - 1) : 0;
+}
+
+struct dir_totals stats_hist(unsigned index)
+{
+    if (index >= STATS_HIST_BUCKETS)
+        return (struct dir_totals){ 0, 0, 0 };
+    return load_totals(&hist_sums[index]);
+}
+
+void stats_record_copy(const struct copy_record *r)
+{
+    if ((unsigned)r->dir >= DIR_COUNT || (unsigned)r->kind >= MEM_KIND_COUNT)
+        return;
+    add_relaxed(&dir_sums[r->dir].count, 1);
+    add_relaxed(&dir_sums[r->dir].bytes, r->bytes);
+    add_relaxed(&dir_sums[r->dir].ns, r->ns);
+    add_relaxed(&kind_sums[r->kind].count, 1);
+    add_relaxed(&kind_sums[r->kind].bytes, r->bytes);
+    add_relaxed(&kind_sums[r->kind].ns, r->ns);
+    unsigned h = stats_hist_index(r->bytes);
+    add_relaxed(&hist_sums[h].count, 1);
+    add_relaxed(&hist_sums[h].bytes, r->bytes);
+}
+
+void stats_add(enum stats_counter c, uint64_t delta)
+{
+    if ((unsigned)c < STAT_COUNTER_COUNT)
+        add_relaxed(&counters[c], delta);
+}
+
+uint64_t stats_get(enum stats_counter c)
+{
+    return (unsigned)c < STAT_COUNTER_COUNT ? load_relaxed(&counters[c]) : 0;
+}
+
+void stats_registered_bytes(uint64_t now)
+{
+    __atomic_store_n(&registered_now, now, __ATOMIC_RELAXED);
+    uint64_t peak = load_relaxed(&registered_peak);
+    while (now > peak &&
+           !__atomic_compare_exchange_n(&registered_peak, &peak, now, true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+        ;
+}
+
+uint64_t stats_registered_peak(void) { return load_relaxed(&registered_peak); }
+
+void stats_promotion_disabled(const char *reason)
+{
+    if (__atomic_exchange_n(&disabled_claimed, 1, __ATOMIC_ACQ_REL))
+        return;   /* the first reason is the one that matters */
+    snprintf(disabled_reason, sizeof disabled_reason, "%s", reason ? reason : "unknown");
+    __atomic_store_n(&disabled_ready, 1, __ATOMIC_RELEASE);
+    shim_log(LOG_INFO, "promotion disabled: %s", disabled_reason);
+}
+
+/* Why promotion is off, or "" when it is on. */
+static void promotion_off_reason(char *buf, size_t bufsz)
+{
+    if (__atomic_load_n(&disabled_ready, __ATOMIC_ACQUIRE))
+        snprintf(buf, bufsz, "%s", disabled_reason);
+    else if (shim_cfg.mode < MODE_PIN)
+        snprintf(buf, bufsz, "PINSHIM_MODE=%s", config_mode_name(shim_cfg.mode));
+    else if (shim_cfg.budget == 0)
+        snprintf(buf, bufsz, "PINSHIM_BUDGET=0");
+    else
+        buf[0] = '\0';
+}
+
+struct dir_totals stats_dir(enum copy_dir d)
+{
+    if ((unsigned)d >= DIR_COUNT)
+        return (struct dir_totals){ 0, 0, 0 };
+    return load_totals(&dir_sums[d]);
+}
+
+struct dir_totals stats_kind(enum mem_kind k)
+{
+    if ((unsigned)k >= MEM_KIND_COUNT)
+        return (struct dir_totals){ 0, 0, 0 };
+    return load_totals(&kind_sums[k]);
+}
+
+/* ---- call sites ---- */
+
+#define SITE_KEY_FRAMES 3      /* a site is its first 3 return addresses outside shim and driver */
+#define SITE_WALK_FRAMES 16    /* enough for the shim's and the runtime's frames plus the key */
+#define SITE_SAMPLE_EVERY 64   /* copies under PINSHIM_CALLSITE_MIN: 1 in 64, counted x64 */
+#define SITE_MAX 4096          /* distinct sites kept; bounds the memory the table can take */
+#define SITE_TOP_JSON 20
+#define SITE_TOP_REPORT 10
+
+enum site_flag { FLAG_ASYNC_FROM_PAGEABLE, FLAG_SYNC_BLOCKING, FLAG_COUNT };
+static const char *const flag_names[FLAG_COUNT] = { "async_from_pageable", "sync_blocking" };
+
+struct site_totals {
+    void *key[SITE_KEY_FRAMES];
+    uint64_t count, bytes, ns;
+    uint64_t kind_count[MEM_KIND_COUNT];
+    unsigned flag_kinds[FLAG_COUNT];   /* per flag: bit k set when a copy of kind k raised it */
+    bool sampled;                      /* some counts are scaled-up samples */
+};
+
+struct call_site {
+    struct site_totals t;
+    UT_hash_handle hh;
+};
+
+static pthread_mutex_t sites_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct call_site *sites;
+static uint64_t site_count;
+static uint64_t site_copies_dropped;   /* copies of sites beyond SITE_MAX */
+
+/* Which return addresses to walk past: the shim's own object (when it is a separate library) and
+ * the CUDA driver and runtime.  dladdr costs a lookup under the loader lock, so each answer is
+ * cached by address: entry = address << 1 | skip, 0 = empty.  A library unloaded and another
+ * loaded at the same address could get a stale answer; that only misnames a site. */
+#define SKIP_CACHE_BITS 10
+static uint64_t skip_cache[1u << SKIP_CACHE_BITS];
+static uintptr_t shim_object_base;   /* 0 when the shim is linked into the program (unit tests) */
+static pthread_once_t shim_object_once = PTHREAD_ONCE_INIT;
+
+static void find_shim_object(void)
+{
+    Dl_info self, exe;
+    if (!dladdr((void *)&stats_record_site, &self))
+        return;
+    /* Linked into the program itself, every program frame would look like the shim's: then only
+     * stats_record_site's own frame is skipped. */
+    void *exe_phdr = (void *)getauxval(AT_PHDR);
+    if (exe_phdr && dladdr(exe_phdr, &exe) && exe.dli_fbase == self.dli_fbase)
+        return;
+    shim_object_base = (uintptr_t)self.dli_fbase;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *slash = path ? strrchr(path, '/') : NULL;
+    return slash ? slash + 1 : (path ? path : "");
+}
+
+static bool frame_is_skipped(void *addr)
+{
+    uintptr_t a = (uintptr_t)addr;
+    size_t slot = (size_t)(((uint64_t)a * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - SKIP_CACHE_BITS));
+    uint64_t entry = __atomic_load_n(&skip_cache[slot], __ATOMIC_RELAXED);
+    if (a && entry >> 1 == a)
+        return entry & 1;
+
+    Dl_info info;
+    bool skip = false;
+    if (dladdr(addr, &info)) {
+        skip = (shim_object_base && (uintptr_t)info.dli_fbase == shim_object_base) ||
+               strncmp(base_name(info.dli_fname), "libcuda", 7) == 0;   /* libcuda, libcudart */
+    }
+    __atomic_store_n(&skip_cache[slot], ((uint64_t)a << 1) | skip, __ATOMIC_RELAXED);
+    return skip;
+}
+
+__attribute__((noinline)) void stats_record_site(const struct copy_record *r)
+{
+    static __thread uint32_t small_copy_tick;
+    uint64_t weight = 1;
+    if (r->bytes < shim_cfg.callsite_min) {
+        if (small_copy_tick++ % SITE_SAMPLE_EVERY)
+            return;
+        weight = SITE_SAMPLE_EVERY;
+    }
+    if ((unsigned)r->kind >= MEM_KIND_COUNT)
+        return;
+
+    shim_enter();   /* backtrace may load libgcc_s (malloc); the table allocates */
+    pthread_once(&shim_object_once, find_shim_object);
+
+    /* Walk and classify outside the table lock: dladdr and the unwinder take the loader lock,
+     * which a thread inside dlopen could hold while it copies and waits for our lock. */
+    void *frames[SITE_WALK_FRAMES];
+    int n = backtrace(frames, SITE_WALK_FRAMES);
+    /* Start at our caller: frames before it are this function and whatever wraps backtrace
+     * (a sanitizer's interceptor, for one). */
+    void *caller = __builtin_extract_return_addr(__builtin_return_address(0));
+    int first = 1;
+    for (int i = 0; i < n; i++) {
+        if (frames[i] == caller) {
+            first = i;
+            break;
+        }
+    }
+    void *key[SITE_KEY_FRAMES] = { 0 };
+    int k = 0;
+    for (int i = first; i < n && k < SITE_KEY_FRAMES; i++) {
+        if (k == 0 && frame_is_skipped(frames[i]))
+            continue;
+        key[k++] = frames[i];
+    }
+
+    unsigned raised = 0;
+    if (r->is_async && (r->kind == MEM_PAGEABLE || r->kind == MEM_STAGED || r->kind == MEM_PROMOTED))
+        raised |= 1u << FLAG_ASYNC_FROM_PAGEABLE;
+    if (!r->is_async && r->host_blocked)
+        raised |= 1u << FLAG_SYNC_BLOCKING;
+
+    pthread_mutex_lock(&sites_lock);
+    struct call_site *s;
+    HASH_FIND(hh, sites, key, sizeof key, s);
+    if (!s && site_count < SITE_MAX && (s = calloc(1, sizeof *s)) != NULL) {
+        memcpy(s->t.key, key, sizeof key);
+        HASH_ADD(hh, sites, t.key, sizeof key, s);
+        if (!s->hh.tbl) {   /* the table could not grow */
+            free(s);
+            s = NULL;
+        } else {
+            site_count++;
+        }
+    }
+    if (s) {
+        s->t.count += weight;
+        s->t.bytes += (uint64_t)r->bytes * weight;
+        s->t.ns += r->ns * weight;
+        s->t.kind_count[r->kind] += weight;
+        for (int f = 0; f < FLAG_COUNT; f++)
+            if (raised & (1u << f))
+                s->t.flag_kinds[f] |= 1u << r->kind;
+        s->t.sampled |= weight > 1;
+    } else {
+        site_copies_dropped += weight;
+    }
+    pthread_mutex_unlock(&sites_lock);
+    shim_leave();
+}
+
+/* The sites with the most bytes, largest first. */
+static size_t top_sites(struct site_totals *top, size_t max, uint64_t *distinct, uint64_t *dropped)
+{
+    size_t used = 0;
+    pthread_mutex_lock(&sites_lock);
+    for (struct call_site *s = sites; s; s = s->hh.next) {
+        size_t at = used;
+        while (at > 0 && top[at - 1].bytes < s->t.bytes)
+            at--;
+        if (at >= max)
+            continue;
+        size_t moved = (used < max ? used : max - 1) - at;
+        memmove(&top[at + 1], &top[at], moved * sizeof *top);
+        top[at] = s->t;
+        if (used < max)
+            used++;
+    }
+    *distinct = site_count;
+    *dropped = site_copies_dropped;
+    pthread_mutex_unlock(&sites_lock);
+    return used;
+}
+
+/* "symbol+0xoff (object)" or "object+0xoff" for a return address. */
+static void symbolize(void *addr, char *buf, size_t bufsz)
+{
+    Dl_info info;
+    if (!addr) {
+        snprintf(buf, bufsz, "unknown");
+        return;
+    }
+    /* Look up the call instruction, not the return address, which can lie past the function. */
+    if (!dladdr((char *)addr - 1, &info) || !info.dli_fname) {
+        snprintf(buf, bufsz, "%p", addr);
+    } else if (info.dli_sname && info.dli_saddr) {
+        snprintf(buf, bufsz, "%s+0x%lx (%s)", info.dli_sname,
+                 (unsigned long)((char *)addr - (char *)info.dli_saddr), base_name(info.dli_fname));
+    } else {
+        snprintf(buf, bufsz, "%s+0x%lx", base_name(info.dli_fname),
+                 (unsigned long)((char *)addr - (char *)info.dli_fbase));
+    }
+}
+
+/* ---- output: a fixed buffer flushed with write(2) ---- */
+
+struct out {
+    int fd;
+    int error;   /* first errno of a failed write, 0 if none */
+    size_t len;
+    char buf[4096];
+};
+
+static void out_flush(struct out *o)
+{
+    const char *p = o->buf;
+    while (o->len && !o->error) {
+        ssize_t n = write(o->fd, p, o->len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            o->error = n < 0 ? errno : EIO;
+            break;
+        }
+        p += n;
+        o->len -= (size_t)n;
+    }
+    o->len = 0;
+}
+
+static void out_bytes(struct out *o, const char *p, size_t n)
+{
+    while (n) {
+        if (o->len == sizeof o->buf)
+            out_flush(o);
+        size_t take = sizeof o->buf - o->len;
+        if (take > n)
+            take = n;
+        memcpy(o->buf + o->len, p, take);
+        o->len += take;
+        p += take;
+        n -= take;
+    }
+}
+
+static void out_str(struct out *o, const char *s) { out_bytes(o, s, strlen(s)); }
+
+__attribute__((format(printf, 2, 3)))
+static void out_fmt(struct out *o, const char *fmt, ...)
+{
+    char tmp[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        out_bytes(o, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+/* Length of the valid UTF-8 sequence at p, or 0 when it is not one. */
+static size_t utf8_sequence_length(const unsigned char *p)
+{
+    size_t len;
+    uint32_t cp;
+    if (p[0] < 0x80) return 1;
+    if ((p[0] & 0xE0) == 0xC0) { len = 2; cp = p[0] & 0x1F; }
+    else if ((p[0] & 0xF0) == 0xE0) { len = 3; cp = p[0] & 0x0F; }
+    else if ((p[0] & 0xF8) == 0xF0) { len = 4; cp = p[0] & 0x07; }
+    else return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+        cp = cp << 6 | (p[i] & 0x3F);
+    }
+    static const uint32_t smallest[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+    if (cp < smallest[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;   /* overlong, out of range, or a surrogate */
+    return len;
+}
+
+/* A JSON string: quotes, backslashes and control bytes escaped; bytes that are not UTF-8 (a file
+ * name can hold anything) become U+FFFD so that strict parsers accept the file. */
+static void out_json_str(struct out *o, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    out_bytes(o, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        char esc[8];
+        if (*p == '"' || *p == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)*p;
+            out_bytes(o, esc, 2);
+            p++;
+        } else if (*p < 0x20) {
+            memcpy(esc, "\\u00", 4);
+            esc[4] = hex[*p >> 4];
+            esc[5] = hex[*p & 15];
+            out_bytes(o, esc, 6);
+            p++;
+        } else {
+            size_t len = utf8_sequence_length(p);
+            if (len) {
+                out_bytes(o, (const char *)p, len);
+                p += len;
+            } else {
+                out_str(o, "\\ufffd");
+                p++;
+            }
+        }
+    }
+    out_bytes(o, "\"", 1);
+}
+
+static double seconds(uint64_t ns) { return (double)ns / 1e9; }
+
+/* ---- JSON ---- */
+
+static void json_totals(struct out *o, const char *name, struct dir_totals t, bool first)
+{
+    out_fmt(o, "%s\"%s\":{\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f}", first ? "" : ",", name,
+            (unsigned long long)t.count, (unsigned long long)t.bytes, seconds(t.ns));
+}
+
+static void json_site(struct out *o, const struct site_totals *t, bool first)
+{
+    char name[1024];
+    out_str(o, first ? "{\"site\":" : ",{\"site\":");
+    symbolize(t->key[0], name, sizeof name);
+    out_json_str(o, name);
+    out_str(o, ",\"stack\":[");
+    for (int i = 0; i < SITE_KEY_FRAMES && t->key[i]; i++) {
+        symbolize(t->key[i], name, sizeof name);
+        if (i)
+            out_str(o, ",");
+        out_json_str(o, name);
+    }
+    out_fmt(o, "],\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"sampled\":%s,\"paths\":{",
+            (unsigned long long)t->count, (unsigned long long)t->bytes, seconds(t->ns),
+            t->sampled ? "true" : "false");
+    for (int k = 0; k < MEM_KIND_COUNT; k++)
+        out_fmt(o, "%s\"%s\":%llu", k ? "," : "", kind_names[k], (unsigned long long)t->kind_count[k]);
+    out_str(o, "},\"flags\":[");
+    bool any = false;
+    for (int f = 0; f < FLAG_COUNT; f++) {
+        if (t->flag_kinds[f]) {
+            out_fmt(o, "%s\"%s\"", any ? "," : "", flag_names[f]);
+            any = true;
+        }
+    }
+    out_str(o, "],\"flag_paths\":{");
+    any = false;
+    for (int f = 0; f < FLAG_COUNT; f++) {
+        if (!t->flag_kinds[f])
+            continue;
+        out_fmt(o, "%s\"%s\":[", any ? "," : "", flag_names[f]);
+        bool first_kind = true;
+        for (int k = 0; k < MEM_KIND_COUNT; k++) {
+            if (t->flag_kinds[f] & (1u << k)) {
+                out_fmt(o, "%s\"%s\"", first_kind ? "" : ",", kind_names[k]);
+                first_kind = false;
+            }
+        }
+        out_str(o, "]");
+        any = true;
+    }
+    out_str(o, "}}");
+}
+
+static void write_json(struct out *o)
+{
+    char reason[256];
+    promotion_off_reason(reason, sizeof reason);
+
+    out_fmt(o, "{\"version\":1,\"pid\":%d,\"mode\":\"%s\",\"budget_bytes\":%llu,"
+               "\"node_budget_bytes\":%llu,\"min_size\":%llu,\"promotion\":{\"enabled\":%s,"
+               "\"disabled_reason\":",
+            (int)getpid(), config_mode_name(shim_cfg.mode), (unsigned long long)shim_cfg.budget,
+            (unsigned long long)shim_cfg.node_budget, (unsigned long long)shim_cfg.min_size,
+            reason[0] ? "false" : "true");
+    out_json_str(o, reason);
+
+    out_str(o, "},\n\"copies\":{");
+    for (int d = 0; d < DIR_COUNT; d++)
+        json_totals(o, dir_names[d], stats_dir((enum copy_dir)d), d == 0);
+    out_str(o, "},\n\"memory\":{");
+    for (int k = 0; k < MEM_KIND_COUNT; k++)
+        json_totals(o, kind_names[k], stats_kind((enum mem_kind)k), k == 0);
+
+#define C(name) (unsigned long long)stats_get(STAT_##name)
+    out_fmt(o, "},\n\"promotions\":{\"count\":%llu,\"bytes\":%llu,\"evictions\":%llu,"
+               "\"evicted_bytes\":%llu,\"failures\":%llu,\"declined\":%llu,"
+               "\"registered_bytes_peak\":%llu,\"cache_hits\":%llu,\"cache_misses\":%llu,"
+               "\"cache_released\":%llu,\"register_seconds\":%.6f,\"unregister_seconds\":%.6f,"
+               "\"program_register_yields\":%llu},\n",
+            C(PROMOTIONS), C(PROMOTED_BYTES), C(EVICTIONS), C(EVICTED_BYTES), C(PROMOTION_FAILURES),
+            C(PROMOTIONS_DECLINED), (unsigned long long)stats_registered_peak(), C(CACHE_HITS),
+            C(CACHE_MISSES), C(CACHE_RELEASED), seconds(stats_get(STAT_REGISTER_NS)),
+            seconds(stats_get(STAT_UNREGISTER_NS)), C(PROGRAM_REGISTER_YIELDS));
+    out_fmt(o, "\"rewrites\":{\"sync_to_async\":%llu,\"async_waited\":%llu,"
+               "\"ordering_wait_seconds\":%.6f},\n",
+            C(REWRITE_SYNC_TO_ASYNC), C(REWRITE_ASYNC_WAITED), seconds(stats_get(STAT_ORDERING_WAIT_NS)));
+    out_fmt(o, "\"staging\":{\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"failures\":%llu},\n",
+            C(STAGED_COPIES), C(STAGED_BYTES), seconds(stats_get(STAT_STAGED_NS)), C(STAGING_FAILURES));
+    out_fmt(o, "\"other\":{\"capture_passthrough\":%llu,\"fallbacks\":%llu,\"batch_copies\":%llu,"
+               "\"peer_copies\":%llu,\"fork_child_frees\":%llu,\"untracked_lookups\":%llu},\n",
+            C(CAPTURE_PASSTHROUGH), C(FALLBACKS), C(BATCH_COPIES), C(PEER_COPIES),
+            C(FORK_CHILD_FREES), C(UNTRACKED_LOOKUPS));
+#undef C
+
+    out_str(o, "\"histogram\":[");
+    bool first = true;
+    for (unsigned i = 0; i < STATS_HIST_BUCKETS; i++) {
+        struct dir_totals h = stats_hist(i);
+        if (!h.count)
+            continue;
+        out_fmt(o, "%s{\"min_bytes\":%llu,\"count\":%llu,\"bytes\":%llu}", first ? "" : ",",
+                (unsigned long long)stats_hist_min_bytes(i), (unsigned long long)h.count,
+                (unsigned long long)h.bytes);
+        first = false;
+    }
+
+    struct site_totals top[SITE_TOP_JSON];
+    uint64_t distinct, dropped;
+    size_t n = top_sites(top, SITE_TOP_JSON, &distinct, &dropped);
+    out_fmt(o, "],\n\"call_sites_total\":%llu,\"call_site_copies_dropped\":%llu,"
+               "\"call_site_sampling\":%d,\n\"call_sites\":[",
+            (unsigned long long)distinct, (unsigned long long)dropped, SITE_SAMPLE_EVERY);
+    for (size_t i = 0; i < n; i++) {
+        json_site(o, &top[i], i == 0);
+        out_str(o, "\n");
+    }
+    out_str(o, "]}\n");
+}
+
+/* ---- text report ---- */
+
+/* Bytes in the largest binary unit that keeps the number at least 1. */
+static const char *human_bytes(uint64_t bytes, char *buf, size_t bufsz)
+{
+    static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB" };
+    if (bytes < 1024) {
+        snprintf(buf, bufsz, "%llu B", (unsigned long long)bytes);
+        return buf;
+    }
+    double v = (double)bytes / 1024;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, bufsz, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+static void report_rate(struct out *o, uint64_t bytes, uint64_t ns)
+{
+    if (ns)
+        out_fmt(o, "%10.2f\n", (double)bytes / (double)ns);   /* bytes per ns = GB/s */
+    else
+        out_fmt(o, "%10s\n", "-");
+}
+
+static void report_site(struct out *o, unsigned rank, const struct site_totals *t)
+{
+    char name[1024], b[32];
+    symbolize(t->key[0], name, sizeof name);
+    out_fmt(o, "  %2u. ", rank);
+    out_str(o, name);
+    for (int i = 1; i < SITE_KEY_FRAMES && t->key[i]; i++) {
+        symbolize(t->key[i], name, sizeof name);
+        out_str(o, "  <- ");
+        out_str(o, name);
+    }
+    out_fmt(o, "\n      %s%llu copies, %s, %.4f s; paths:", t->sampled ? "~" : "",
+            (unsigned long long)t->count, human_bytes(t->bytes, b, sizeof b), seconds(t->ns));
+    for (int k = 0; k < MEM_KIND_COUNT; k++)
+        if (t->kind_count[k])
+            out_fmt(o, " %s %llu", kind_names[k], (unsigned long long)t->kind_count[k]);
+    out_str(o, "\n");
+    for (int f = 0; f < FLAG_COUNT; f++) {
+        if (!t->flag_kinds[f])
+            continue;
+        out_fmt(o, "      %s; the shim:", flag_names[f]);
+        const char *sep = " ";
+        for (int k = 0; k < MEM_KIND_COUNT; k++) {
+            if (t->flag_kinds[f] & (1u << k)) {
+                out_fmt(o, "%s%s", sep, kind_actions[k]);
+                sep = ", ";
+            }
+        }
+        out_str(o, "\n");
+    }
+}
+
+static void write_report(struct out *o)
+{
+    char b1[32], b2[32], b3[32], reason[256];
+
+    out_fmt(o, "pinshim report, pid %d: mode %s, budget %s, node budget %s, min size %s\n",
+            (int)getpid(), config_mode_name(shim_cfg.mode), human_bytes(shim_cfg.budget, b1, sizeof b1),
+            shim_cfg.node_budget ? human_bytes(shim_cfg.node_budget, b2, sizeof b2) : "off",
+            human_bytes(shim_cfg.min_size, b3, sizeof b3));
+    promotion_off_reason(reason, sizeof reason);
+    if (reason[0]) {
+        out_str(o, "promotion: disabled: ");
+        out_str(o, reason);
+        out_str(o, "\n");
+    } else {
+        out_str(o, "promotion: enabled\n");
+    }
+
+    out_fmt(o, "\n%-10s %12s %14s %12s %10s\n", "copies", "count", "bytes", "seconds", "GB/s");
+    for (int d = 0; d < DIR_COUNT; d++) {
+        struct dir_totals t = stats_dir((enum copy_dir)d);
+        out_fmt(o, "%-10s %12llu %14s %12.4f ", dir_names[d], (unsigned long long)t.count,
+                human_bytes(t.bytes, b1, sizeof b1), seconds(t.ns));
+        report_rate(o, t.bytes, t.ns);
+    }
+
+    uint64_t all_bytes = 0;
+    for (int k = 0; k < MEM_KIND_COUNT; k++)
+        all_bytes += stats_kind((enum mem_kind)k).bytes;
+    out_fmt(o, "\n%-10s %12s %14s %12s %10s %7s\n", "path", "count", "bytes", "seconds", "GB/s", "share");
+    for (int k = 0; k < MEM_KIND_COUNT; k++) {
+        struct dir_totals t = stats_kind((enum mem_kind)k);
+        out_fmt(o, "%-10s %12llu %14s %12.4f ", kind_names[k], (unsigned long long)t.count,
+                human_bytes(t.bytes, b1, sizeof b1), seconds(t.ns));
+        if (t.ns)
+            out_fmt(o, "%10.2f", (double)t.bytes / (double)t.ns);
+        else
+            out_fmt(o, "%10s", "-");
+        out_fmt(o, " %6.1f%%\n", all_bytes ? 100.0 * (double)t.bytes / (double)all_bytes : 0.0);
+    }
+
+#define C(name) (unsigned long long)stats_get(STAT_##name)
+    out_fmt(o, "\npromotions: %llu (%s), evictions %llu (%s), failures %llu, declined %llu, "
+               "peak registered %s\n",
+            C(PROMOTIONS), human_bytes(stats_get(STAT_PROMOTED_BYTES), b1, sizeof b1), C(EVICTIONS),
+            human_bytes(stats_get(STAT_EVICTED_BYTES), b2, sizeof b2), C(PROMOTION_FAILURES),
+            C(PROMOTIONS_DECLINED), human_bytes(stats_registered_peak(), b3, sizeof b3));
+    out_fmt(o, "pinned cache: hits %llu, misses %llu, released %llu; register %.4f s, "
+               "unregister %.4f s, given up to the program's own registration %llu\n",
+            C(CACHE_HITS), C(CACHE_MISSES), C(CACHE_RELEASED), seconds(stats_get(STAT_REGISTER_NS)),
+            seconds(stats_get(STAT_UNREGISTER_NS)), C(PROGRAM_REGISTER_YIELDS));
+    out_fmt(o, "rewrites: %llu sync copies made async, %llu async copies waited, "
+               "ordering waits %.4f s\n",
+            C(REWRITE_SYNC_TO_ASYNC), C(REWRITE_ASYNC_WAITED), seconds(stats_get(STAT_ORDERING_WAIT_NS)));
+    out_fmt(o, "staging: %llu copies, %s, %.4f s, failures %llu\n", C(STAGED_COPIES),
+            human_bytes(stats_get(STAT_STAGED_BYTES), b1, sizeof b1),
+            seconds(stats_get(STAT_STAGED_NS)), C(STAGING_FAILURES));
+    out_fmt(o, "other: %llu passed through during stream capture, %llu fallbacks to the original "
+               "call, %llu batch copies, %llu peer copies, %llu frees in forked children\n",
+            C(CAPTURE_PASSTHROUGH), C(FALLBACKS), C(BATCH_COPIES), C(PEER_COPIES), C(FORK_CHILD_FREES));
+#undef C
+
+    out_fmt(o, "\n%-22s %12s %14s\n", "copy size", "count", "bytes");
+    for (unsigned i = 0; i < STATS_HIST_BUCKETS; i++) {
+        struct dir_totals h = stats_hist(i);
+        if (!h.count)
+            continue;
+        char range[48];
+        if (i == 0)
+            snprintf(range, sizeof range, "0");
+        else
+            snprintf(range, sizeof range, ">= %s", human_bytes(stats_hist_min_bytes(i), b2, sizeof b2));
+        out_fmt(o, "%-22s %12llu %14s\n", range, (unsigned long long)h.count,
+                human_bytes(h.bytes, b1, sizeof b1));
+    }
+
+    struct site_totals top[SITE_TOP_REPORT];
+    uint64_t distinct, dropped;
+    size_t n = top_sites(top, SITE_TOP_REPORT, &distinct, &dropped);
+    out_fmt(o, "\ncall sites: top %zu of %llu by bytes (copies under %s sampled 1 in %d and "
+               "scaled, marked ~)\n",
+            n, (unsigned long long)distinct, human_bytes(shim_cfg.callsite_min, b1, sizeof b1),
+            SITE_SAMPLE_EVERY);
+    for (size_t i = 0; i < n; i++)
+        report_site(o, (unsigned)i + 1, &top[i]);
+    if (dropped)
+        out_fmt(o, "  (%llu copies from sites beyond the first %d not attributed)\n",
+                (unsigned long long)dropped, SITE_MAX);
+}
+
+static int write_with(int fd, void (*writer)(struct out *))
+{
+    struct out o = { .fd = fd };
+    writer(&o);
+    out_flush(&o);
+    return o.error;
+}
+
+void stats_write_json(int fd) { write_with(fd, write_json); }
+void stats_write_report(int fd) { write_with(fd, write_report); }
+
+/* ---- at exit ---- */
+
+/* Write to a temporary file beside the target and rename it, so a reader never sees half a
+ * file; on failure remove the temporary and warn once, naming the variable. */
+static void write_file_atomically(const char *var, const char *tmpl, void (*writer)(struct out *))
+{
+    char path[1024], tmp[1100];
+    int err = 0;
+    if (!config_expand_path_checked(tmpl, path, sizeof path)) {
+        shim_log(LOG_WARN, "%s=%s: the expanded path is too long; nothing written", var, tmpl);
+        return;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)   /* left by a dead process of this pid */
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        err = errno;
+    } else {
+        err = write_with(fd, writer);
+        if (close(fd) != 0 && !err)
+            err = errno;
+        if (!err && rename(tmp, path) != 0)
+            err = errno;
+        if (err)
+            unlink(tmp);
+    }
+    if (err)
+        shim_log(LOG_WARN, "%s: cannot write %s: %s", var, path, strerror(err));
+}
+
+void stats_finish(void)
+{
+    shim_enter();
+    int saved_errno = errno;
+    if (!strcmp(shim_cfg.report, "1"))
+        write_with(2, write_report);
+    else if (shim_cfg.report[0])
+        write_file_atomically("PINSHIM_REPORT", shim_cfg.report, write_report);
+    if (shim_cfg.stats[0])
+        write_file_atomically("PINSHIM_STATS", shim_cfg.stats, write_json);
+    errno = saved_errno;
+    shim_leave();
+}
+
+void stats_reset(void)
+{
+    shim_enter();
+    memset(dir_sums, 0, sizeof dir_sums);
+    memset(kind_sums, 0, sizeof kind_sums);
+    memset(hist_sums, 0, sizeof hist_sums);
+    memset(counters, 0, sizeof counters);
+    registered_now = registered_peak = 0;
+    disabled_reason[0] = '\0';
+    disabled_ready = disabled_claimed = 0;
+    memset(skip_cache, 0, sizeof skip_cache);
+
+    if (shim_forked_child) {
+        /* Another thread of the parent may have held the lock or been halfway through an
+         * insert at fork: start a fresh table and leave the old one alone. */
+        pthread_mutex_init(&sites_lock, NULL);
+        sites = NULL;
+    } else {
+        pthread_mutex_lock(&sites_lock);
+        struct call_site *s, *next;
+        HASH_ITER(hh, sites, s, next) {
+            HASH_DEL(sites, s);
+            free(s);
+        }
+        pthread_mutex_unlock(&sites_lock);
+    }
+    site_count = 0;
+    site_copies_dropped = 0;
+    shim_leave();
+}

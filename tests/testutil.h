@@ -1,0 +1,32 @@
+/* The smallest test harness: each check prints PASS or FAIL with its name; TEST_SUMMARY() prints
+ * the totals and gives main's exit status. */
+#ifndef PINSHIM_TESTUTIL_H
+#define PINSHIM_TESTUTIL_H
+
+#include <stdio.h>
+
+static int tests_passed __attribute__((unused));
+static int tests_failed __attribute__((unused));
+
+/* CHECK(cond): named after the condition.  CHECKF(cond, fmt, ...): named by a format. */
+#define CHECK(cond) CHECKF(cond, "%s", #cond)
+#define CHECKF(cond, ...)                                                   \
+    do {                                                                    \
+        int check_ok_ = !!(cond);                                           \
+        printf(check_ok_ ? "PASS " : "FAIL ");                              \
+        printf(__VA_ARGS__);                                                \
+        if (check_ok_)                                                      \
+            tests_passed++;                                                 \
+        else {                                                              \
+            tests_failed++;                                                 \
+            printf("  [%s:%d: %s]", __FILE__, __LINE__, #cond);             \
+        }                                                                   \
+        printf("\n");                                                       \
+        fflush(stdout);                                                     \
+    } while (0)
+
+#define TEST_SUMMARY()                                                      \
+    (printf("%d passed, %d failed\n", tests_passed, tests_failed),          \
+     tests_failed ? 1 : 0)
+
+#endif
