@@ -91,6 +91,9 @@ ubsan:
 tsan:
 	$(MAKE) BUILD=build/tsan SAN="-fsanitize=thread" tests
 	tests/run_sanitized.sh build/tsan tsan
+check-docs: tests
+	tests/check_settings_doc.sh $(BUILD)
+
 valgrind: tests
 	tests/run_valgrind.sh $(BUILD)
 

@@ -57,7 +57,9 @@ void shim_init(void)
 
 __attribute__((destructor)) static void pinshim_stop(void)
 {
-    if (shim_cfg.mode == MODE_OFF || shim_forked_child)
+    /* A process that never reached the driver (a shell, a launcher such as timeout or
+     * torchrun's parent) writes nothing: it would only overwrite the real program's file. */
+    if (shim_cfg.mode == MODE_OFF || shim_forked_child || !real_driver_ready())
         return;
     shim_enter();
     staging_shutdown();

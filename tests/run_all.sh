@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# `make test`: unit tests, the checking fake driver's self-tests, every fake-driver program run
+# without the shim and again under LD_PRELOAD in each mode, programs that never use CUDA, the
+# settings documentation check, and the GPU suite when a GPU is present.
+set -u
+BUILD=${1:-build}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+SHIM=$ROOT/$BUILD/libpinshim.so
+FAKE=$ROOT/$BUILD/fakecuda
+LOGDIR=$ROOT/$BUILD/test-logs
+rm -rf "$LOGDIR"; mkdir -p "$LOGDIR"
+pass=0 fail=0 skip=0
+failed_names=()
+
+note_pass() { pass=$((pass + 1)); printf 'PASS %s\n' "$1"; }
+note_fail() {
+    fail=$((fail + 1)); failed_names+=("$1"); printf 'FAIL %s\n' "$1"
+    [ -f "$2" ] && sed 's/^/    | /' "$2" | grep -v '^    | PASS' | tail -25
+}
+
+# run NAME LOG CMD...: pass when CMD exits 0 within its time limit.
+run() {
+    local name=$1 log=$2; shift 2
+    if timeout 300 "$@" >"$log" 2>&1; then note_pass "$name"; else note_fail "$name (exit $?)" "$log"; fi
+}
+
+echo "== unit tests"
+for t in "$BUILD"/tests/unit/test_*; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t")
+    run "unit/$n" "$LOGDIR/unit-$n.log" env LD_LIBRARY_PATH="$FAKE" "$t"
+done
+
+echo "== checking fake driver self-tests"
+for t in "$BUILD"/tests/fake/test_fake_*; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t")
+    run "fake/$n" "$LOGDIR/fake-$n.log" env LD_LIBRARY_PATH="$FAKE" FAKECUDA_ASYNC_DELAY_US=200 "$t"
+done
+
+# The variants every shim program runs in: none (no shim), then the shim in each mode, then
+# small budgets and thresholds so that eviction, the cache, rewrites and staging all happen.
+VARIANTS=(
+    "plain|"
+    "off|PINSHIM_MODE=off"
+    "observe|PINSHIM_MODE=observe"
+    "pin|PINSHIM_MODE=pin"
+    "full|PINSHIM_MODE=full"
+    "full-small|PINSHIM_MODE=full PINSHIM_MIN_SIZE=4K PINSHIM_REWRITE_MIN=4K PINSHIM_STAGING_MIN=64K PINSHIM_STAGING_CHUNK=64K PINSHIM_BUDGET=8M"
+    "pin-tiny-budget|PINSHIM_MODE=pin PINSHIM_BUDGET=1M"
+    "full-trust|PINSHIM_MODE=full PINSHIM_TRUST_ASYNC=1"
+)
+
+# check_observe LOG JSON: the shim counted exactly the copies the program says it issued.
+check_observe() {
+    python3 - "$1" "$2" <<'PY'
+import json, re, sys
+log, path = sys.argv[1], sys.argv[2]
+want = None
+for line in open(log, errors="replace"):
+    m = re.match(r"EXPECTED_COPIES (.*)", line)
+    if m:
+        want = dict(kv.split("=") for kv in m.group(1).split())
+if want is None:
+    sys.exit(0)  # the program does not claim exact counts
+got = json.load(open(path))["copies"]
+bad = [f"{k}: expected {v}, counted {got[k]['count']}" for k, v in want.items() if got[k]["count"] != int(v)]
+if bad:
+    print("observe counts differ: " + "; ".join(bad))
+    sys.exit(1)
+PY
+}
+
+echo "== programs on the checking fake driver, without and with the shim"
+for t in "$BUILD"/tests/fake/test_*; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t")
+    case $n in test_fake_*) continue ;; esac
+    for v in "${VARIANTS[@]}"; do
+        vname=${v%%|*}; venv=${v#*|}
+        log="$LOGDIR/$n-$vname.log"; json="$LOGDIR/$n-$vname.json"
+        envs=(LD_LIBRARY_PATH="$FAKE" FAKECUDA_ASYNC_DELAY_US=300)
+        if [ "$vname" != plain ]; then
+            envs+=(LD_PRELOAD="$SHIM" PINSHIM_STATS="$json")
+            # shellcheck disable=SC2206
+            envs+=($venv)
+        fi
+        if ! timeout 300 env "${envs[@]}" "$t" >"$log" 2>"$log.err"; then
+            cat "$log.err" >>"$log"; note_fail "$n [$vname]" "$log"; continue
+        fi
+        # Rule 9: nothing from the shim on the program's output unless asked.
+        if grep -q 'pinshim' "$log.err"; then
+            cat "$log.err" >>"$log"; note_fail "$n [$vname]: the shim wrote to stderr unasked" "$log"; continue
+        fi
+        if [ "$vname" = observe ]; then
+            if ! check_observe "$log" "$json" >>"$log" 2>&1; then note_fail "$n [$vname]: counts" "$log"; continue; fi
+        fi
+        if [ "$vname" != plain ] && [ "$vname" != off ] && ! python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$json" 2>>"$log"; then
+            note_fail "$n [$vname]: stats JSON missing or invalid" "$log"; continue
+        fi
+        note_pass "$n [$vname]"
+    done
+done
+
+echo "== scripted checks"
+for s in tests/check_*.sh; do
+    [ -x "$s" ] || continue
+    n=$(basename "$s" .sh)
+    run "$n" "$LOGDIR/$n.log" "$s" "$BUILD"
+done
+
+echo "== CPU microbenchmark (figures only, nothing asserted)"
+if [ -x bench/run_malloc_bench.sh ]; then
+    bench/run_malloc_bench.sh "$BUILD" 2>&1 | sed 's/^/    /' || true
+fi
+
+echo "== GPU suite"
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    run "gpu suite" "$LOGDIR/gpu.log" tests/gpu/run_gpu_tests.sh "$BUILD" "${GPU_OUT:-$LOGDIR/gpu}"
+    grep -E '^(PASS|FAIL|SKIP)' "$LOGDIR/gpu.log" | sed 's/^/    /'
+else
+    skip=$((skip + 1))
+    echo "SKIP gpu suite: no GPU here (nvidia-smi finds none); it runs on a machine with one"
+fi
+
+echo
+if [ "$fail" -gt 0 ]; then
+    printf 'failed: %s\n' "${failed_names[@]}"
+fi
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
