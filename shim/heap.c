@@ -1,6 +1,7 @@
 /* Large allocations and the program's mappings (see heap.h). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -27,6 +28,60 @@ void heap_raw_unmap(void *p, size_t len)
     syscall(SYS_munmap, p, len);
 }
 
+/* Freed pageable blocks are kept mapped for reuse, as the real allocator keeps freed memory:
+ * without this, a loop that allocates and frees a large buffer would pay a fresh mapping and
+ * its page faults every time.  Bounded like glibc's own mmap threshold. */
+#define RETAIN_MAX_BLOCK (32ul << 20)
+#define RETAIN_MAX_TOTAL (64ul << 20)
+#define RETAIN_SLOTS 64
+
+struct retained { uintptr_t map; size_t len; };
+static struct retained retained[RETAIN_SLOTS];
+static size_t retained_count, retained_bytes;
+static pthread_mutex_t retained_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static int retain(uintptr_t map, size_t len)
+{
+    int kept = 0;
+    if (len > RETAIN_MAX_BLOCK)
+        return 0;
+    pthread_mutex_lock(&retained_mutex);
+    if (retained_count < RETAIN_SLOTS && retained_bytes + len <= RETAIN_MAX_TOTAL) {
+        retained[retained_count++] = (struct retained){map, len};
+        retained_bytes += len;
+        kept = 1;
+    }
+    pthread_mutex_unlock(&retained_mutex);
+    return kept;
+}
+
+/* A retained mapping of at least len bytes and not wastefully larger, or 0. */
+static uintptr_t reuse_retained(size_t len, size_t *got_len)
+{
+    uintptr_t map = 0;
+    if (!__atomic_load_n(&retained_count, __ATOMIC_RELAXED))
+        return 0;
+    pthread_mutex_lock(&retained_mutex);
+    size_t best = RETAIN_SLOTS;
+    for (size_t i = 0; i < retained_count; i++)
+        if (retained[i].len >= len && retained[i].len / 2 <= len &&
+            (best == RETAIN_SLOTS || retained[i].len < retained[best].len))
+            best = i;
+    if (best != RETAIN_SLOTS) {
+        map = retained[best].map;
+        *got_len = retained[best].len;
+        retained_bytes -= retained[best].len;
+        retained[best] = retained[--retained_count];
+    }
+    pthread_mutex_unlock(&retained_mutex);
+    return map;
+}
+
+void heap_after_fork_child(void)
+{
+    pthread_mutex_init(&retained_mutex, NULL);
+}
+
 void *heap_alloc(size_t n, size_t align, int zero)
 {
     if (align < 16)
@@ -43,8 +98,13 @@ void *heap_alloc(size_t n, size_t align, int zero)
         return NULL;
     }
     size_t map_len = page_up(n + (align > SHIM_PAGE_SIZE ? align : 0));
-    void *map = heap_raw_map(map_len);
-    if (!map) {
+    size_t reused_len = 0;
+    void *map = (void *)reuse_retained(map_len, &reused_len);
+    if (map) {
+        map_len = reused_len;
+        if (zero)
+            memset(map, 0, map_len);
+    } else if (!(map = heap_raw_map(map_len))) {
         errno = ENOMEM;
         return NULL;
     }
@@ -96,7 +156,8 @@ int heap_free(void *p)
     table_remove(b);
     block_delete(b);
     table_unlock();
-    heap_raw_unmap((void *)map, len);
+    if (!retain(map, len))
+        heap_raw_unmap((void *)map, len);
     return 1;
 }
 

@@ -25,6 +25,8 @@ void heap_track_mapping(void *p, size_t len, int prot, int flags);
  * (drop != 0) stop tracking blocks there. */
 void heap_before_unmap(void *p, size_t len, int drop);
 
+void heap_after_fork_child(void);
+
 /* Raw page mappings for the shim itself, bypassing the hooks. */
 void *heap_raw_map(size_t len);
 void heap_raw_unmap(void *p, size_t len);

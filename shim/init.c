@@ -28,6 +28,7 @@ static void after_fork_child(void)
      * (semantics rule 8).  Its frees of tracked blocks still work, without the driver. */
     shim_forked_child = 1;
     table_after_fork_child();
+    heap_after_fork_child();
     policy_forget_registrations();
     streams_forget_all();
     staging_shutdown();
