@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# run_malloc_bench.sh BUILD [OUTDIR]: what the shim's allocation hooks add to malloc/free.
+#
+# Runs BUILD/bench/cpu_malloc_overhead without the shim, then with LD_PRELOAD=BUILD/libpinshim.so
+# in PINSHIM_MODE=observe and full, and prints the median ns per operation of each and the cost
+# the shim adds.  CPU only; no GPU or driver needed.  Asserts nothing about timings: the exit
+# status is non-zero only if a run fails.  With OUTDIR, the raw output of each run is kept there
+# (malloc.<variant>.txt) with a table malloc_overhead.md.
+# Extra arguments for the benchmark: MALLOC_BENCH_ARGS (e.g. --quick).
+set -u
+BUILD=${1:-build}
+OUTDIR=${2:-}
+BIN=$BUILD/bench/cpu_malloc_overhead
+LIB=$BUILD/libpinshim.so
+ARGS=${MALLOC_BENCH_ARGS:-}
+
+if [ ! -x "$BIN" ]; then
+    echo "run_malloc_bench: $BIN not built (run make first)" >&2
+    exit 2
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/pinshim-malloc.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+[ -n "$OUTDIR" ] && mkdir -p "$OUTDIR"
+
+variants="plain"
+if [ -f "$LIB" ]; then
+    LIB=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB")
+    variants="plain observe full"
+else
+    echo "run_malloc_bench: $LIB not built: measuring without the shim only" >&2
+fi
+
+rc=0
+for v in $variants; do
+    # shellcheck disable=SC2086 # ARGS is a list of words
+    if [ "$v" = plain ]; then
+        env -u LD_PRELOAD "$BIN" $ARGS >"$tmp/$v.txt" 2>"$tmp/$v.err"
+    else
+        env LD_PRELOAD="$LIB${LD_PRELOAD:+:$LD_PRELOAD}" PINSHIM_MODE="$v" PINSHIM_STATS= PINSHIM_REPORT= \
+            "$BIN" $ARGS >"$tmp/$v.txt" 2>"$tmp/$v.err"
+    fi
+    r=$?
+    if [ $r -ne 0 ]; then
+        echo "run_malloc_bench: the $v run failed (exit $r):" >&2
+        tail -n 5 "$tmp/$v.err" >&2
+        rc=1
+    fi
+    [ -n "$OUTDIR" ] && cp "$tmp/$v.txt" "$OUTDIR/malloc.$v.txt"
+done
+
+files=$(for v in $variants; do [ -s "$tmp/$v.txt" ] && echo "$tmp/$v.txt"; done)
+if [ -z "$files" ]; then
+    echo "run_malloc_bench: no results" >&2
+    exit 1
+fi
+# Join the RESULT lines into: test size plain [observe +delta] [full +delta].
+# ($files is a word list of paths without spaces, from mktemp.)
+# shellcheck disable=SC2086
+awk -v variants="$variants" '
+    BEGIN { nv = split(variants, V, " ") }
+    /^RESULT bench=malloc_overhead/ {
+        n = split(FILENAME, p, "/"); v = p[n]; sub(/\.txt$/, "", v)
+        test = ""; size = ""; med = ""
+        for (i = 2; i <= NF; i++) {
+            split($i, kv, "=")
+            if (kv[1] == "test") test = kv[2]
+            else if (kv[1] == "size") size = kv[2]
+            else if (kv[1] == "ns_median") med = kv[2]
+        }
+        key = test " " size
+        if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
+        val[key, v] = med
+    }
+    END {
+        hdr = sprintf("| %-13s | %9s | %10s", "test", "size (B)", "plain ns")
+        sep = "|---------------|-----------|------------"
+        for (j = 2; j <= nv; j++) {
+            hdr = hdr sprintf(" | %10s | %10s", V[j] " ns", "added ns")
+            sep = sep "|------------|------------"
+        }
+        print hdr " |"; print sep "|"
+        for (k = 1; k <= nk; k++) {
+            split(order[k], ts, " ")
+            base = val[order[k], "plain"]
+            line = sprintf("| %-13s | %9s | %10s", ts[1], ts[2], base == "" ? "-" : sprintf("%.1f", base))
+            for (j = 2; j <= nv; j++) {
+                x = val[order[k], V[j]]
+                if (x == "") line = line sprintf(" | %10s | %10s", "-", "-")
+                else if (base == "") line = line sprintf(" | %10.1f | %10s", x, "-")
+                else line = line sprintf(" | %10.1f | %+10.1f", x, x - base)
+            }
+            print line " |"
+        }
+    }' $files >"$tmp/table.md"
+
+echo "malloc/free cost, median ns per operation (pair = one malloc + one free):"
+cat "$tmp/table.md"
+[ -n "$OUTDIR" ] && cp "$tmp/table.md" "$OUTDIR/malloc_overhead.md"
+exit $rc

@@ -1,0 +1,613 @@
+#!/usr/bin/env python3
+"""summarize.py RESULTS_DIR: turn a run of bench/run_bench.sh into summary.md, results.csv,
+results.json and the bandwidth-sweep plots.
+
+Reads RESULTS_DIR/env.txt, RESULTS_DIR/raw/manifest.tsv (one line per run), the RESULT lines of
+each run's stdout and the shim's stats JSON of each shim run.  Every figure in summary.md is
+computed from those files; the only constants here are the targets below.
+"""
+import csv
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+
+# Targets (from the project's issues).  Ratios are "with shim" over the reference named.
+TARGETS = {
+    "sweep_vs_pinned": 0.90,      # pageable + shim / cudaMallocHost ceiling, every size >= 1 MiB
+    "sweep_from_bytes": 1 << 20,
+    "loop_vs_pinned": 0.90,       # 256 MiB H2D+D2H x50: pageable + shim / cudaMallocHost
+    "alloc_loop_speedup": 3.0,    # alloc-copy-free loop: steps/s with shim / without
+    "two_thread_gbps": 90.0,      # two threads, opposite directions, aggregate GB/s with shim
+    "staging_gbps": 25.0,         # 256 MiB pageable each way through staging, GB/s
+    "latency_ratio_max": 1.03,    # small sync copies: latency with shim / without
+    "torch_vs_pin_memory": 1.0,   # DataLoader without pin_memory under shim / pin_memory=True
+}
+
+
+def load_merge():
+    path = os.path.join(HERE, "..", "scripts", "pinshim-merge")
+    if not os.path.isfile(path):
+        return None
+    sys.dont_write_bytecode = True  # no __pycache__ next to the scripts
+    loader = importlib.machinery.SourceFileLoader("pinshim_merge", path)
+    spec = importlib.util.spec_from_loader("pinshim_merge", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def num(v):
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return float(v)
+        except ValueError:
+            return v
+
+
+def parse_result_lines(path):
+    out = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.startswith("RESULT "):
+                    continue
+                rec = {}
+                for tok in line.split()[1:]:
+                    if "=" in tok:
+                        k, v = tok.split("=", 1)
+                        rec[k] = num(v)
+                out.append(rec)
+    except OSError:
+        pass
+    return out
+
+
+def fmt_size(n):
+    n = int(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or n % 1024:
+            return f"{n} {unit}"
+        n //= 1024
+    return f"{n} TiB"
+
+
+def f2(x, suffix=""):
+    return "-" if x is None else f"{x:.2f}{suffix}"
+
+
+def ratio(a, b):
+    return None if a is None or b in (None, 0) else a / b
+
+
+class Data:
+    def __init__(self, outdir):
+        self.dir = outdir
+        self.raw = os.path.join(outdir, "raw")
+        self.env = {}
+        try:
+            with open(os.path.join(outdir, "env.txt"), encoding="utf-8") as f:
+                for line in f:
+                    if "=" in line:
+                        k, v = line.rstrip("\n").split("=", 1)
+                        self.env[k] = v
+        except OSError:
+            pass
+        self.runs = []
+        try:
+            with open(os.path.join(self.raw, "manifest.tsv"), encoding="utf-8") as f:
+                for row in csv.DictReader(f, delimiter="\t"):
+                    row["rc"] = int(row["rc"])
+                    row["seconds"] = float(row["seconds"])
+                    self.runs.append(row)
+        except OSError:
+            pass
+        self.records = []
+        self.stats = {}  # (case, side, rep) -> stats dict
+        for r in self.runs:
+            if r["rc"] == 0:
+                for rec in parse_result_lines(os.path.join(self.raw, r["stdout"])):
+                    rec.update({"case": r["case"], "side": r["side"], "rep": int(r["rep"])})
+                    self.records.append(rec)
+            if r.get("stats"):
+                try:
+                    with open(os.path.join(self.raw, r["stats"]), encoding="utf-8") as f:
+                        self.stats[(r["case"], r["side"], r["rep"])] = json.load(f)
+                except (OSError, ValueError):
+                    pass
+
+    def values(self, case, side, metric, **match):
+        return [r[metric] for r in self.records
+                if r["case"] == case and r["side"] == side and metric in r
+                and isinstance(r[metric], (int, float))
+                and all(r.get(k) == v for k, v in match.items())]
+
+    def med(self, case, side, metric, **match):
+        v = self.values(case, side, metric, **match)
+        return statistics.median(v) if v else None
+
+    def case_runs(self, case):
+        return [r for r in self.runs if r["case"] == case]
+
+    def why_missing(self, case, side=None):
+        """A short reason why a case has no result."""
+        rs = [r for r in self.case_runs(case) if side is None or r["side"] == side]
+        if not rs:
+            return "not run"
+        if all(r["rc"] == 77 for r in rs):
+            try:
+                with open(os.path.join(self.raw, rs[0]["stdout"]), encoding="utf-8") as f:
+                    for line in f:
+                        if line.startswith("SKIP"):
+                            return "skipped: " + line.split(":", 1)[-1].strip()
+            except OSError:
+                pass
+            return "skipped"
+        bad = [r for r in rs if r["rc"] != 0]
+        if bad:
+            return f"{len(bad)} of {len(rs)} runs failed (exit {bad[0]['rc']})"
+        return "no RESULT lines"
+
+
+class Checks:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, what, measured, target, ok, note=""):
+        if ok is None:
+            verdict = "not measured"
+        elif ok == "info":
+            verdict = "info"
+        else:
+            verdict = "PASS" if ok else "FAIL"
+        self.rows.append([what, measured, target, verdict, note])
+
+
+def sweep_section(d, checks, md):
+    md.append("## Bandwidth sweep: cudaMemcpy, GB/s (median)")
+    md.append("")
+    sizes = sorted({r["bytes"] for r in d.records if r["case"] == "sweep" and r.get("bench") == "bandwidth"})
+    if not sizes:
+        md.append(f"Not measured ({d.why_missing('sweep')}).")
+        md.append("")
+        checks.add("Sweep: pageable + shim vs pinned, sizes >= 1 MiB", "-",
+                   f">= {TARGETS['sweep_vs_pinned']:.0%} of pinned", None, d.why_missing("sweep"))
+        return {}
+    series = {}
+    hdr = ["size"]
+    for dr in ("h2d", "d2h"):
+        D = dr.upper()
+        hdr += [f"{D} pageable", f"{D} pageable + shim", f"{D} pinned", f"{D} shim/pinned"]
+    rows = []
+    for n in sizes:
+        row = [fmt_size(n)]
+        for dr in ("h2d", "d2h"):
+            a = d.med("sweep", "plain", "gbps", bench="bandwidth", kind="pageable", dir=dr, bytes=n)
+            b = d.med("sweep", "shim", "gbps", bench="bandwidth", kind="pageable", dir=dr, bytes=n)
+            c = d.med("sweep", "plain", "gbps", bench="bandwidth", kind="pinned", dir=dr, bytes=n)
+            series.setdefault(dr, []).append((n, a, b, c))
+            row += [f2(a), f2(b), f2(c), f2(ratio(b, c))]
+        rows.append(row)
+    md.append(table(hdr, rows))
+    md.append("")
+    for dr in ("h2d", "d2h"):
+        big = [(n, ratio(b, c)) for n, a, b, c in series[dr] if n >= TARGETS["sweep_from_bytes"]]
+        big = [(n, x) for n, x in big if x is not None]
+        label = f"Sweep {dr.upper()}: pageable + shim vs pinned, every size >= 1 MiB"
+        if not big:
+            checks.add(label, "-", f">= {TARGETS['sweep_vs_pinned']:.0%}", None, "no data")
+            continue
+        worst = min(big, key=lambda t: t[1])
+        checks.add(label, f"min {worst[1]:.1%} (at {fmt_size(worst[0])}), median "
+                          f"{statistics.median(x for _, x in big):.1%}",
+                   f">= {TARGETS['sweep_vs_pinned']:.0%}", worst[1] >= TARGETS["sweep_vs_pinned"])
+    return series
+
+
+def table(headers, rows):
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def plot_sweep(series, outdir):
+    """sweep_h2d.png / sweep_d2h.png; returns (files, message)."""
+    if not series:
+        return [], None
+    files = []
+    labels = [("pageable, no shim", 1), ("pageable, with pinshim", 2), ("pinned (cudaMallocHost)", 3)]
+    if shutil.which("gnuplot"):
+        with tempfile.TemporaryDirectory(prefix="pinshim-plot.") as tmp:
+            for dr, pts in series.items():
+                dat = os.path.join(tmp, dr + ".dat")
+                with open(dat, "w") as f:
+                    for p in pts:
+                        f.write(" ".join(str(p[0]) if i == 0 else ("NaN" if p[i] is None else str(p[i]))
+                                         for i in range(4)) + "\n")
+                png = os.path.join(outdir, f"sweep_{dr}.png")
+                plots = ", ".join(f'"{dat}" using 1:{col + 1} with linespoints title "{t}"'
+                                  for t, col in labels)
+                script = (f'set terminal pngcairo size 900,550 noenhanced\nset output "{png}"\n'
+                          f'set title "cudaMemcpy {dr.upper()} bandwidth"\nset logscale x 2\n'
+                          'set format x "%.0b%B"\nset xlabel "copy size (bytes)"\nset ylabel "GB/s"\n'
+                          'set yrange [0:*]\nset key left top\nset grid\n'
+                          'set datafile missing "NaN"\n'
+                          f"plot {plots}\n")
+                r = subprocess.run(["gnuplot"], input=script, capture_output=True, text=True)
+                if r.returncode != 0 and "pngcairo" in r.stderr:
+                    r = subprocess.run(["gnuplot"], input=script.replace("pngcairo", "png"),
+                                       capture_output=True, text=True)
+                if r.returncode == 0:
+                    files.append(os.path.basename(png))
+                else:
+                    return files, "gnuplot failed: " + r.stderr.strip()[:200]
+        return files, None
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return [], "plots skipped: neither gnuplot nor matplotlib is available"
+    for dr, pts in series.items():
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        for t, col in labels:
+            xs = [p[0] for p in pts if p[col] is not None]
+            ys = [p[col] for p in pts if p[col] is not None]
+            ax.plot(xs, ys, marker="o", label=t)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("copy size (bytes)")
+        ax.set_ylabel("GB/s")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"cudaMemcpy {dr.upper()} bandwidth")
+        ax.grid(True)
+        ax.legend(loc="upper left")
+        png = os.path.join(outdir, f"sweep_{dr}.png")
+        fig.savefig(png, dpi=100)
+        plt.close(fig)
+        files.append(os.path.basename(png))
+    return files, None
+
+
+def shim_effect_rows(d, merge):
+    rows = []
+    cases = []
+    for r in d.runs:
+        if r["side"] == "shim" and r["case"] not in cases:
+            cases.append(r["case"])
+    for case in cases:
+        st = [v for (c, s, _), v in sorted(d.stats.items()) if c == case and s == "shim"]
+        if not st:
+            rows.append([case, "no stats file"] + [""] * 6)
+            continue
+        s = st[len(st) // 2]
+        if merge is None:
+            rows.append([case, "pinshim-merge missing"] + [""] * 6)
+            continue
+        dv = merge.derived(s)
+        sh = lambda k: merge.fmt_share(dv["kinds"][k]["bytes_share"])
+        p = s.get("promotions", {})
+        rows.append([case,
+                     f"{merge.fmt_bytes(dv['dirs']['h2d']['bytes'])} / {merge.fmt_bytes(dv['dirs']['d2h']['bytes'])}",
+                     sh("promoted"), sh("staged"), sh("pinned"), sh("pageable"),
+                     merge.g(s, "rewrites", "sync_to_async"),
+                     f"{merge.g(p, 'count')}/{merge.g(p, 'evictions')}/"
+                     f"{merge.g(p, 'failures') + merge.g(s, 'staging', 'failures')}"])
+    return rows
+
+
+def main(argv):
+    if len(argv) != 1:
+        print("usage: summarize.py RESULTS_DIR", file=sys.stderr)
+        return 2
+    outdir = argv[0]
+    d = Data(outdir)
+    merge = load_merge()
+    checks = Checks()
+    md = []
+    e = d.env
+    md.append("# pinshim benchmark results")
+    md.append("")
+    md.append(f"- Date: {e.get('date', '?')}")
+    gpu = e.get("gpu", "?")
+    if gpu != "none":
+        md.append(f"- GPU: {gpu} (x{e.get('gpus', '?')}), driver {e.get('driver', '?')}, CUDA "
+                  f"(driver) {e.get('cuda_driver', '?')}, PCIe gen/width {e.get('pcie', '?')}")
+    else:
+        md.append("- GPU: none found")
+    md.append(f"- Toolkit: nvcc {e.get('nvcc', '?')}; Python {e.get('python', '?')}")
+    md.append(f"- Host: {e.get('cpu', '?')}, {e.get('memory', '?')}, {e.get('host', '?')}")
+    md.append(f"- pinshim commit {e.get('commit', '?')}; {e.get('reps', '?')} A/B pair(s) per benchmark "
+              f"({e.get('sweep_reps', '?')} for the sweep); shim library {e.get('shim', '?')}")
+    md.append("- Method: each benchmark runs without the shim and under it (`scripts/pinshim`, "
+              "PINSHIM_MODE=full) alternately; figures are medians over the runs (and, inside each "
+              "run, over repeated timings).")
+    if e.get("quick") == "1":
+        md.append("- **QUICK RUN (BENCH_QUICK=1): small sizes, one repetition. Not a measurement.**")
+    md.append("")
+    body = []
+
+    if gpu == "none":
+        body.append("No GPU was found on this machine: only the CPU malloc benchmark ran. The "
+                    "transfer benchmarks need a machine with an NVIDIA GPU (`make bench` there).")
+        body.append("")
+
+    # ---------------------------------------------------------------- sweep
+    series = {}
+    if gpu != "none":
+        series = sweep_section(d, checks, body)
+        files, msg = plot_sweep(series, outdir)
+        for f in files:
+            body.append(f"![{f}]({f})")
+        if msg:
+            body.append(f"({msg})")
+        body.append("")
+
+    # ---------------------------------------------------------------- loop
+    if gpu != "none":
+        body.append("## 256 MiB buffer, H2D then D2H, x50 (GB/s, whole loop timed, promotion included)")
+        body.append("")
+        rows = []
+        for case, what in (("loop_pageable", "malloc buffer"), ("loop_static", "malloc buffer, static cudart"),
+                           ("loop_pinned", "cudaMallocHost buffer")):
+            a, b = d.med(case, "plain", "gbps"), d.med(case, "shim", "gbps")
+            rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
+        body.append(table(["host buffer", "without shim", "with shim", "shim speedup"], rows))
+        body.append("")
+        shim_pg = d.med("loop_pageable", "shim", "gbps")
+        pin = d.med("loop_pinned", "plain", "gbps")
+        r = ratio(shim_pg, pin)
+        checks.add("256 MiB H2D+D2H x50: pageable + shim vs cudaMallocHost",
+                   "-" if r is None else f"{r:.1%} ({f2(shim_pg)} vs {f2(pin)} GB/s)",
+                   f">= {TARGETS['loop_vs_pinned']:.0%}", None if r is None else r >= TARGETS["loop_vs_pinned"],
+                   "" if r is not None else d.why_missing("loop_pageable"))
+        st = ratio(d.med("loop_static", "shim", "gbps"), pin)
+        if st is not None:
+            checks.add("same, static cudart build", f"{st:.1%}", f">= {TARGETS['loop_vs_pinned']:.0%}",
+                       st >= TARGETS["loop_vs_pinned"])
+
+    # ---------------------------------------------------------------- latency
+    if gpu != "none":
+        body.append("## Small-copy latency: one sync cudaMemcpy, microseconds (median)")
+        body.append("")
+        keys = sorted({(r["bytes"], r["kind"], r["dir"]) for r in d.records
+                       if r["case"] == "latency" and r.get("bench") == "latency"})
+        rows, worst = [], None
+        for n, kind, dr in keys:
+            a = d.med("latency", "plain", "us_median", bytes=n, kind=kind, dir=dr)
+            b = d.med("latency", "shim", "us_median", bytes=n, kind=kind, dir=dr)
+            x = ratio(b, a)
+            rows.append([fmt_size(n), kind, dr.upper(), f2(a), f2(b), "-" if x is None else f"{x:.3f}"])
+            if x is not None and (worst is None or x > worst[0]):
+                worst = (x, f"{fmt_size(n)} {kind} {dr.upper()}")
+        if rows:
+            body.append(table(["size", "host memory", "dir", "without shim", "with shim", "ratio"], rows))
+        else:
+            body.append(f"Not measured ({d.why_missing('latency')}).")
+        body.append("")
+        checks.add("Small copies (4-64 KiB): latency with shim / without, worst case",
+                   "-" if worst is None else f"{worst[0]:.3f} ({worst[1]})",
+                   f"<= {TARGETS['latency_ratio_max']:.2f}",
+                   None if worst is None else worst[0] <= TARGETS["latency_ratio_max"],
+                   "" if worst else d.why_missing("latency"))
+
+    # ---------------------------------------------------------------- staging
+    if gpu != "none":
+        body.append("## Staging: 256 MiB pageable copies the shim may not promote (small budget), GB/s")
+        body.append("")
+        rows = []
+        staged = [merge.g(v, "staging", "bytes") for (c, s, _), v in d.stats.items()
+                  if c == "staging" and s == "shim"] if merge else []
+        for dr in ("h2d", "d2h"):
+            a = d.med("staging", "plain", "gbps", dir=dr)
+            b = d.med("staging", "shim", "gbps", dir=dr)
+            rows.append([dr.upper(), f2(a), f2(b), f2(ratio(b, a), "x")])
+            note = ""
+            if staged and not any(staged):
+                note = "the shim's stats show no staged bytes: these copies were not staged"
+            checks.add(f"Staged 256 MiB {dr.upper()}, GB/s with shim", f2(b),
+                       f">= {TARGETS['staging_gbps']:.0f} GB/s",
+                       None if b is None else b >= TARGETS["staging_gbps"],
+                       note if b is not None else d.why_missing("staging"))
+        body.append(table(["dir", "without shim (driver's pageable path)", "with shim (staged)", "speedup"], rows))
+        if staged and merge:
+            body.append("")
+            body.append(f"Bytes staged per shim run (from its stats): "
+                        f"{', '.join(merge.fmt_bytes(x) for x in staged)}.")
+        body.append("")
+
+    # ---------------------------------------------------------------- loops
+    if gpu != "none":
+        body.append("## Training-style loops, steps/s (64 MiB batch H2D, kernel, 16 MiB result D2H)")
+        body.append("")
+        rows = []
+        pinned_ref = d.med("train_pinned", "plain", "steps_per_s")
+        for case, what in (("train_reuse", "CUDA runtime, buffers reused"),
+                           ("train_realloc", "CUDA runtime, malloc/free every step (alloc-copy-free)"),
+                           ("drv_reuse", "driver API, buffers reused"),
+                           ("drv_realloc", "driver API, malloc/free every step")):
+            a, b = d.med(case, "plain", "steps_per_s"), d.med(case, "shim", "steps_per_s")
+            rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
+            if case == "train_realloc":
+                x = ratio(b, a)
+                checks.add("Alloc-copy-free loop: speedup with shim", f2(x, "x"),
+                           f">= {TARGETS['alloc_loop_speedup']:.1f}x",
+                           None if x is None else x >= TARGETS["alloc_loop_speedup"],
+                           "" if x is not None else d.why_missing(case))
+            elif case in ("train_reuse", "drv_reuse", "drv_realloc"):
+                x = ratio(b, a)
+                checks.add(f"Training loop ({what}): speedup with shim", f2(x, "x"), "(reported)",
+                           None if x is None else "info", "" if x is not None else d.why_missing(case))
+        rows.append(["reference: CUDA runtime, cudaMallocHost buffers", f2(pinned_ref), "-", "-"])
+        body.append(table(["loop", "without shim", "with shim", "speedup"], rows))
+        body.append("")
+
+    # ---------------------------------------------------------------- two threads
+    if gpu != "none":
+        body.append("## Two host threads, H2D || D2H, 256 MiB each, plain cudaMemcpy (aggregate GB/s)")
+        body.append("")
+        rows = []
+        for case, what in (("two_pinned", "cudaMallocHost buffers"), ("two_pageable", "malloc buffers")):
+            a, b = d.med(case, "plain", "gbps"), d.med(case, "shim", "gbps")
+            rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
+            checks.add(f"Two threads ({what}): aggregate GB/s with shim",
+                       "-" if b is None else f"{b:.1f} (without: {f2(a)})",
+                       f">= {TARGETS['two_thread_gbps']:.0f} GB/s",
+                       None if b is None else b >= TARGETS["two_thread_gbps"],
+                       "" if b is not None else d.why_missing(case))
+        body.append(table(["host buffers", "without shim", "with shim", "ratio"], rows))
+        body.append("")
+
+    # ---------------------------------------------------------------- torch
+    if gpu != "none":
+        body.append("## PyTorch")
+        body.append("")
+        nopin = d.med("torch_dl_nopin", "plain", "batches_per_s")
+        nopin_shim = d.med("torch_dl_nopin", "shim", "batches_per_s")
+        pin = d.med("torch_dl_pin", "plain", "batches_per_s")
+        if nopin is None and pin is None:
+            body.append(f"DataLoader loop not measured ({d.why_missing('torch_dl_nopin')}).")
+        else:
+            body.append(table(["DataLoader loop (64 x 3x224x224 float, workers=0)", "batches/s"],
+                              [["pin_memory=False", f2(nopin)], ["pin_memory=True", f2(pin)],
+                               ["pin_memory=False, under pinshim", f2(nopin_shim)]]))
+        body.append("")
+        x = ratio(nopin_shim, pin)
+        checks.add("PyTorch DataLoader: no pin_memory + shim vs pin_memory=True", f2(x, "x"),
+                   f">= {TARGETS['torch_vs_pin_memory']:.2f}x",
+                   None if x is None else x >= TARGETS["torch_vs_pin_memory"],
+                   "" if x is not None else d.why_missing("torch_dl_nopin"))
+        rows = []
+        for op, what in (("cuda", "tensor.cuda(), pageable tensor"), ("cpu", "cuda_tensor.cpu() (fresh CPU tensor)"),
+                         ("cuda_pinned", "tensor.cuda(), pinned tensor (reference)")):
+            a = d.med("torch_transfer", "plain", "gbps", op=op)
+            b = d.med("torch_transfer", "shim", "gbps", op=op)
+            rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
+            if op != "cuda_pinned":
+                checks.add(f"PyTorch {what}: speedup with shim", f2(ratio(b, a), "x"), "(reported)",
+                           None if ratio(b, a) is None else "info",
+                           "" if ratio(b, a) is not None else d.why_missing("torch_transfer"))
+        if any(r[1] != "-" for r in rows):
+            body.append(table(["512 MiB transfer, GB/s", "without shim", "with shim", "speedup"], rows))
+        else:
+            body.append(f"Transfers not measured ({d.why_missing('torch_transfer')}).")
+        body.append("")
+
+    # ---------------------------------------------------------------- cupy
+    if gpu != "none":
+        body.append("## CuPy (512 MiB, GB/s)")
+        body.append("")
+        rows = []
+        for op, what in (("asarray", "cupy.asarray(numpy array)"), ("get", "cupy_array.get()")):
+            a, b = d.med("cupy", "plain", "gbps", op=op), d.med("cupy", "shim", "gbps", op=op)
+            rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
+            checks.add(f"CuPy {what}: speedup with shim", f2(ratio(b, a), "x"), "(reported)",
+                       None if ratio(b, a) is None else "info",
+                       "" if ratio(b, a) is not None else d.why_missing("cupy"))
+        if any(r[1] != "-" for r in rows):
+            body.append(table(["operation", "without shim", "with shim", "speedup"], rows))
+        else:
+            body.append(f"Not measured ({d.why_missing('cupy')}).")
+        body.append("")
+
+    # ---------------------------------------------------------------- malloc
+    body.append("## malloc/free cost (CPU), median ns per operation")
+    body.append("")
+    mtab = os.path.join(outdir, "malloc", "malloc_overhead.md")
+    if os.path.isfile(mtab):
+        with open(mtab, encoding="utf-8") as f:
+            body.append(f.read().rstrip())
+        body.append("")
+        body.append("(\"added\" = with the shim preloaded minus without; no target, shown for the record.)")
+    else:
+        body.append("Not measured (bench/run_malloc_bench.sh produced no table).")
+    body.append("")
+
+    # ---------------------------------------------------------------- what the shim did
+    eff = shim_effect_rows(d, merge)
+    if eff:
+        body.append("## What the shim did (its stats, middle shim run of each benchmark)")
+        body.append("")
+        body.append("Share of the host-side bytes of all copies that took each path.")
+        body.append("")
+        body.append(table(["benchmark", "H2D / D2H bytes", "promoted", "staged", "pinned by program",
+                           "left pageable", "sync->async", "promotions/evictions/failures"], eff))
+        body.append("")
+
+    ab = os.path.join(outdir, "ab_train_realloc.md")
+    if os.path.isfile(ab) and os.path.getsize(ab) > 0:
+        body.append("## pinshim-ab on the alloc-copy-free loop")
+        body.append("")
+        with open(ab, encoding="utf-8") as f:
+            body.append(f.read().rstrip())
+        body.append("")
+
+    # ---------------------------------------------------------------- runs
+    if d.runs:
+        body.append("## Runs")
+        body.append("")
+        rows = []
+        seen = []
+        for r in d.runs:
+            if (r["case"], r["side"]) not in seen:
+                seen.append((r["case"], r["side"]))
+        for case, side in seen:
+            rs = [r for r in d.runs if r["case"] == case and r["side"] == side]
+            ok = sum(1 for r in rs if r["rc"] == 0)
+            skipped = sum(1 for r in rs if r["rc"] == 77)
+            failed = [r for r in rs if r["rc"] not in (0, 77)]
+            note = ""
+            if failed:
+                try:
+                    with open(os.path.join(d.raw, failed[0]["stderr"]), encoding="utf-8",
+                              errors="replace") as f:
+                        lines = [l.strip() for l in f if l.strip()]
+                    note = (lines[-1] if lines else "")[:120].replace("|", "/")
+                except OSError:
+                    pass
+                note = f"exit {failed[0]['rc']}: {note}"
+            rows.append([case, side, ok, skipped, len(failed),
+                         f"{statistics.median(r['seconds'] for r in rs):.1f}", note])
+        body.append(table(["benchmark", "side", "ok", "skipped", "failed", "wall s (median)", "first failure"], rows))
+        body.append("")
+
+    md.append("## Against the targets")
+    md.append("")
+    if checks.rows:
+        md.append(table(["what", "measured", "target", "result", "note"], checks.rows))
+    else:
+        md.append("Nothing GPU-related was measured.")
+    md.append("")
+    md += body
+
+    with open(os.path.join(outdir, "summary.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(md).rstrip() + "\n")
+
+    keys = []
+    for r in d.records:
+        for k in r:
+            if k not in keys and k not in ("case", "side", "rep"):
+                keys.append(k)
+    with open(os.path.join(outdir, "results.csv"), "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["case", "side", "rep"] + keys)
+        for r in d.records:
+            w.writerow([r["case"], r["side"], r["rep"]] + [r.get(k, "") for k in keys])
+    with open(os.path.join(outdir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump({"env": d.env, "targets": TARGETS, "runs": d.runs, "results": d.records,
+                   "checks": [dict(zip(["what", "measured", "target", "result", "note"], c))
+                              for c in checks.rows]}, f, indent=1)
+    print(f"summarize: wrote {os.path.join(outdir, 'summary.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
