@@ -46,6 +46,17 @@ BIN=$BUILD/bench
 : >"$LOG"
 printf 'case\tside\trep\trc\tseconds\tstdout\tstderr\tstats\tcommand\n' >"$MANIFEST"
 
+# Sizes: full, or small for a smoke run.
+if [ "$QUICK" = 1 ]; then
+    SWEEP_ARGS="--min 4K --max 64M --factor 4 --reps 3"
+    BIG=32M; LOOP_ITERS=5; BATCH=16M; RESULT=4M; STEPS=10; TSIZE=64M; TREPS=3; DL_BATCHES=5
+    REPS=1; SWEEP_REPS=1; AB_RUNS=1
+else
+    SWEEP_ARGS="--min 4K --max 1G --factor 2 --reps 5"
+    BIG=256M; LOOP_ITERS=50; BATCH=64M; RESULT=16M; STEPS=50; TSIZE=512M; TREPS=10; DL_BATCHES=30
+    AB_RUNS=3
+fi
+
 log() { echo "[bench] $*" | tee -a "$LOG" >&2; }
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 
@@ -211,16 +222,6 @@ else
 fi
 have() { [ -x "$BIN/$1" ] || { log "$1 not built: skipped"; return 1; }; }
 
-# Sizes: full, or small for a smoke run.
-if [ "$QUICK" = 1 ]; then
-    SWEEP_ARGS="--min 4K --max 64M --factor 4 --reps 3"
-    BIG=32M; LOOP_ITERS=5; BATCH=16M; RESULT=4M; STEPS=10; TSIZE=64M; TREPS=3; DL_BATCHES=5
-    REPS=1; SWEEP_REPS=1; AB_RUNS=1
-else
-    SWEEP_ARGS="--min 4K --max 1G --factor 2 --reps 5"
-    BIG=256M; LOOP_ITERS=50; BATCH=64M; RESULT=16M; STEPS=50; TSIZE=512M; TREPS=10; DL_BATCHES=30
-    AB_RUNS=3
-fi
 
 # shellcheck disable=SC2086 # the *_ARGS and sizes are word lists
 if want sweep && have gpu_bandwidth; then

@@ -135,6 +135,17 @@ class Data:
         v = self.values(case, side, metric, **match)
         return statistics.median(v) if v else None
 
+    def first(self, case, key, default=None):
+        """The first value of key among the case's records (sizes the runner chose)."""
+        for r in self.records:
+            if r["case"] == case and key in r:
+                return r[key]
+        return default
+
+    def size_of(self, case, key="bytes", default="?"):
+        v = self.first(case, key)
+        return fmt_size(v) if isinstance(v, int) else default
+
     def case_runs(self, case):
         return [r for r in self.runs if r["case"] == case]
 
@@ -353,7 +364,9 @@ def main(argv):
 
     # ---------------------------------------------------------------- loop
     if gpu != "none":
-        body.append("## 256 MiB buffer, H2D then D2H, x50 (GB/s, whole loop timed, promotion included)")
+        lsz = d.size_of("loop_pageable", default=d.size_of("loop_pinned"))
+        lit = d.first("loop_pageable", "iters", d.first("loop_pinned", "iters", "?"))
+        body.append(f"## {lsz} buffer, H2D then D2H, x{lit} (GB/s, whole loop timed, promotion included)")
         body.append("")
         rows = []
         for case, what in (("loop_pageable", "malloc buffer"), ("loop_static", "malloc buffer, static cudart"),
@@ -365,7 +378,7 @@ def main(argv):
         shim_pg = d.med("loop_pageable", "shim", "gbps")
         pin = d.med("loop_pinned", "plain", "gbps")
         r = ratio(shim_pg, pin)
-        checks.add("256 MiB H2D+D2H x50: pageable + shim vs cudaMallocHost",
+        checks.add(f"{lsz} H2D+D2H x{lit}: pageable + shim vs cudaMallocHost",
                    "-" if r is None else f"{r:.1%} ({f2(shim_pg)} vs {f2(pin)} GB/s)",
                    f">= {TARGETS['loop_vs_pinned']:.0%}", None if r is None else r >= TARGETS["loop_vs_pinned"],
                    "" if r is not None else d.why_missing("loop_pageable"))
@@ -393,7 +406,9 @@ def main(argv):
         else:
             body.append(f"Not measured ({d.why_missing('latency')}).")
         body.append("")
-        checks.add("Small copies (4-64 KiB): latency with shim / without, worst case",
+        lat_sizes = sorted({k[0] for k in keys})
+        lat_range = f"{fmt_size(lat_sizes[0])}..{fmt_size(lat_sizes[-1])}" if lat_sizes else "small"
+        checks.add(f"Small copies ({lat_range}): latency with shim / without, worst case",
                    "-" if worst is None else f"{worst[0]:.3f} ({worst[1]})",
                    f"<= {TARGETS['latency_ratio_max']:.2f}",
                    None if worst is None else worst[0] <= TARGETS["latency_ratio_max"],
@@ -401,7 +416,8 @@ def main(argv):
 
     # ---------------------------------------------------------------- staging
     if gpu != "none":
-        body.append("## Staging: 256 MiB pageable copies the shim may not promote (small budget), GB/s")
+        ssz = d.size_of("staging")
+        body.append(f"## Staging: {ssz} pageable copies the shim may not promote (small budget), GB/s")
         body.append("")
         rows = []
         staged = [merge.g(v, "staging", "bytes") for (c, s, _), v in d.stats.items()
@@ -413,7 +429,7 @@ def main(argv):
             note = ""
             if staged and not any(staged):
                 note = "the shim's stats show no staged bytes: these copies were not staged"
-            checks.add(f"Staged 256 MiB {dr.upper()}, GB/s with shim", f2(b),
+            checks.add(f"Staged {ssz} {dr.upper()}, GB/s with shim", f2(b),
                        f">= {TARGETS['staging_gbps']:.0f} GB/s",
                        None if b is None else b >= TARGETS["staging_gbps"],
                        note if b is not None else d.why_missing("staging"))
@@ -426,7 +442,9 @@ def main(argv):
 
     # ---------------------------------------------------------------- loops
     if gpu != "none":
-        body.append("## Training-style loops, steps/s (64 MiB batch H2D, kernel, 16 MiB result D2H)")
+        body.append(f"## Training-style loops, steps/s ({d.size_of('train_reuse', 'batch')} batch H2D, "
+                    f"kernel, {d.size_of('train_reuse', 'result')} result D2H, "
+                    f"{d.first('train_reuse', 'steps', '?')} steps)")
         body.append("")
         rows = []
         pinned_ref = d.med("train_pinned", "plain", "steps_per_s")
@@ -452,13 +470,15 @@ def main(argv):
 
     # ---------------------------------------------------------------- two threads
     if gpu != "none":
-        body.append("## Two host threads, H2D || D2H, 256 MiB each, plain cudaMemcpy (aggregate GB/s)")
+        body.append(f"## {d.first('two_pinned', 'threads', 'Two')} host threads, H2D || D2H, "
+                    f"{d.size_of('two_pinned', default=d.size_of('two_pageable'))} each, plain cudaMemcpy "
+                    "(aggregate GB/s)")
         body.append("")
         rows = []
         for case, what in (("two_pinned", "cudaMallocHost buffers"), ("two_pageable", "malloc buffers")):
             a, b = d.med(case, "plain", "gbps"), d.med(case, "shim", "gbps")
             rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
-            checks.add(f"Two threads ({what}): aggregate GB/s with shim",
+            checks.add(f"Two threads, opposite directions ({what}): aggregate GB/s with shim",
                        "-" if b is None else f"{b:.1f} (without: {f2(a)})",
                        f">= {TARGETS['two_thread_gbps']:.0f} GB/s",
                        None if b is None else b >= TARGETS["two_thread_gbps"],
@@ -496,14 +516,15 @@ def main(argv):
                            None if ratio(b, a) is None else "info",
                            "" if ratio(b, a) is not None else d.why_missing("torch_transfer"))
         if any(r[1] != "-" for r in rows):
-            body.append(table(["512 MiB transfer, GB/s", "without shim", "with shim", "speedup"], rows))
+            body.append(table([f"{d.size_of('torch_transfer')} transfer, GB/s", "without shim", "with shim",
+                               "speedup"], rows))
         else:
             body.append(f"Transfers not measured ({d.why_missing('torch_transfer')}).")
         body.append("")
 
     # ---------------------------------------------------------------- cupy
     if gpu != "none":
-        body.append("## CuPy (512 MiB, GB/s)")
+        body.append(f"## CuPy ({d.size_of('cupy')}, GB/s)")
         body.append("")
         rows = []
         for op, what in (("asarray", "cupy.asarray(numpy array)"), ("get", "cupy_array.get()")):
