@@ -60,4 +60,66 @@ static inline int drvtest_promotes(void)
     return strcmp(m, "pin") == 0 || strcmp(m, "full") == 0;
 }
 
+
+/* ---- settings as the program sees them (helpers for mode-aware expectations) ---- */
+#include <stdint.h>
+
+/* A size setting from the environment: base 10 with an optional K/M/G/T suffix (x1024).
+ * Returns dflt when unset or empty, SIZE_MAX when it is a percentage or unreadable. */
+static inline size_t drvtest_env_size(const char *name, size_t dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (end == v)
+        return SIZE_MAX;
+    switch (*end) {
+    case 'K': case 'k': x <<= 10; end++; break;
+    case 'M': case 'm': x <<= 20; end++; break;
+    case 'G': case 'g': x <<= 30; end++; break;
+    case 'T': case 't': x <<= 40; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b')
+        end++;
+    return *end ? SIZE_MAX : (size_t)x;
+}
+
+/* Whether the shim is preloaded at all (any mode). */
+static inline int drvtest_shim_loaded(void)
+{
+    return strcmp(drvtest_mode(), "none") != 0;
+}
+
+/* PINSHIM_MIN_SIZE (default 64K). */
+static inline size_t drvtest_min_size(void)
+{
+    return drvtest_env_size("PINSHIM_MIN_SIZE", 64u << 10);
+}
+
+/* PINSHIM_BUDGET in bytes; 0 when unset (the default, a share of RAM) or a percentage. */
+static inline size_t drvtest_budget(void)
+{
+    size_t b = drvtest_env_size("PINSHIM_BUDGET", 0);
+    return b == SIZE_MAX ? 0 : b;
+}
+
+/* PINSHIM_TRUST_ASYNC switched on for a preloaded shim. */
+static inline int drvtest_trust_async(void)
+{
+    const char *v = getenv("PINSHIM_TRUST_ASYNC");
+    if (!drvtest_shim_loaded() || !v)
+        return 0;
+    return strcmp(v, "1") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "on") == 0 || strcmp(v, "true") == 0;
+}
+
+/* The shim is expected to promote a hot, touched block of n bytes: pin/full, the default
+ * budget (unset), and n at least PINSHIM_MIN_SIZE. */
+static inline int drvtest_expect_promotion(size_t n)
+{
+    return drvtest_promotes() && !getenv("PINSHIM_BUDGET") && n >= drvtest_min_size();
+}
+
 #endif

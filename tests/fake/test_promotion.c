@@ -1,0 +1,166 @@
+/* Promotion: which host memory the shim registers, and that every copy stays correct.
+ *   - a hot 8 MiB malloc buffer copied H2D several times is promoted (pin/full, default budget),
+ *     never without the shim or in off/observe, never when the budget is smaller than the block;
+ *   - a fresh, untouched D2H destination copied once is not (registering would fault every page);
+ *   - blocks smaller than PINSHIM_MIN_SIZE never are;
+ *   - cuMemHostAlloc / cuMemAllocHost memory is the program's: never registered by the shim, and
+ *     copying from it does not grow the registered bytes;
+ *   - read-only mappings (a file mapped PROT_READ, an anonymous mapping made read-only with
+ *     mprotect) work as H2D sources. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include "drvtest.h"
+#include "fakecuda.h"
+
+static unsigned long h2d, d2h, d2d;
+
+#define HTOD(d, s, n) do { CU(cuMemcpyHtoD(d, s, n)); h2d++; } while (0)
+#define DTOH(d, s, n) do { CU(cuMemcpyDtoH(d, s, n)); d2h++; } while (0)
+
+int main(void)
+{
+    drvtest_init();
+    const size_t n = 8u << 20;
+    const size_t budget = drvtest_budget();
+    printf("mode=%s min_size=%zu budget=%zu\n", drvtest_mode(), drvtest_min_size(), budget);
+
+    CUdeviceptr dev;
+    CU(cuMemAlloc(&dev, n));
+    unsigned char *check;   /* program-pinned read-back buffer: never the shim's */
+    CU(cuMemHostAlloc((void **)&check, n, 0));
+
+    /* ---- a hot H2D source ---- */
+    unsigned char *hot = malloc(n);
+    CHECK(hot != NULL);
+    int data_ok = 1;
+    for (unsigned i = 0; i < 6; i++) {
+        fill_pattern(hot, n, 10 + i);
+        HTOD(dev, hot, n);
+        memset(check, 0, n);
+        DTOH(check, dev, n);
+        data_ok &= check_pattern(check, n, 10 + i);
+    }
+    CHECKF(data_ok, "hot H2D source: every copy carries its own content");
+    int reg = fakecuda_registered(hot, n);
+    printf("info: hot buffer registered=%d\n", reg);
+    if (drvtest_expect_promotion(n))
+        CHECKF(reg == 1, "hot 8 MiB H2D source is promoted (mode %s)", drvtest_mode());
+    if (!drvtest_promotes())
+        CHECKF(reg == 0, "no promotion without a promoting shim (mode %s)", drvtest_mode());
+    if (budget && budget < n)
+        CHECKF(reg == 0, "a block larger than the budget (%zu) is never registered", budget);
+
+    /* ---- a fresh D2H destination, copied once: its pages were never touched ---- */
+    unsigned char *fresh = malloc(n);
+    CHECK(fresh != NULL);
+    DTOH(fresh, dev, n);
+    CHECKF(check_pattern(fresh, n, 15), "fresh D2H destination receives the data");
+    CHECKF(!fakecuda_registered(fresh, n), "a fresh untouched D2H destination copied once is not promoted");
+
+    /* ---- small blocks ---- */
+    size_t small_n = drvtest_min_size() / 2;
+    if (small_n > (32u << 10))
+        small_n = 32u << 10;
+    unsigned char *small = malloc(small_n);
+    CHECK(small != NULL);
+    data_ok = 1;
+    for (unsigned i = 0; i < 20; i++) {
+        fill_pattern(small, small_n, 40 + i);
+        HTOD(dev, small, small_n);
+        memset(small, 0, small_n);
+        DTOH(small, dev, small_n);
+        data_ok &= check_pattern(small, small_n, 40 + i);
+    }
+    CHECKF(data_ok, "small block (%zu bytes) round trips", small_n);
+    CHECKF(!fakecuda_registered(small, small_n), "a block below PINSHIM_MIN_SIZE is never registered");
+
+    /* ---- program-pinned memory ---- */
+    unsigned char *ha, *ah;
+    CU(cuMemHostAlloc((void **)&ha, n, CU_MEMHOSTALLOC_PORTABLE));
+    CU(cuMemAllocHost((void **)&ah, n));
+    size_t before = fakecuda_registered_bytes();
+    CUstream s;
+    CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    data_ok = 1;
+    for (unsigned i = 0; i < 5; i++) {
+        fill_pattern(ha, n, 60 + i);
+        HTOD(dev, ha, n);
+        DTOH(ah, dev, n);
+        data_ok &= check_pattern(ah, n, 60 + i);
+        fill_pattern(ah, n, 70 + i);
+        CU(cuMemcpyHtoDAsync(dev, ah, n, s)); h2d++;
+        CU(cuMemcpyDtoHAsync(ha, dev, n, s)); d2h++;
+        CU(cuStreamSynchronize(s));
+        data_ok &= check_pattern(ha, n, 70 + i);
+    }
+    CHECKF(data_ok, "copies with cuMemHostAlloc / cuMemAllocHost memory are correct");
+    CHECKF(!fakecuda_registered(ha, n) && !fakecuda_registered(ah, n),
+           "host-alloc memory is never registered by the shim");
+    CHECKF(fakecuda_registered_bytes() <= before,
+           "copying with program-pinned memory does not grow the registered bytes (%zu -> %zu)",
+           before, fakecuda_registered_bytes());
+
+    /* ---- read-only H2D sources ---- */
+    const size_t ro_n = 4u << 20;
+    char path[] = "/tmp/pinshim_ro_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    unlink(path);
+    unsigned char *tmp = malloc(ro_n);
+    fill_pattern(tmp, ro_n, 90);
+    CHECK(write(fd, tmp, ro_n) == (ssize_t)ro_n);
+    free(tmp);
+    unsigned char *ro = mmap(NULL, ro_n, PROT_READ, MAP_PRIVATE, fd, 0);
+    CHECK(ro != MAP_FAILED);
+    data_ok = 1;
+    for (unsigned i = 0; i < 5; i++) {
+        CU(cuMemsetD8(dev, 0, ro_n));
+        HTOD(dev, ro, ro_n);
+        memset(check, 0, ro_n);
+        DTOH(check, dev, ro_n);
+        data_ok &= check_pattern(check, ro_n, 90);
+    }
+    CHECKF(data_ok, "a PROT_READ file mapping copies correctly as an H2D source");
+    if (budget && budget < ro_n)
+        CHECK(!fakecuda_registered(ro, ro_n));
+    munmap(ro, ro_n);
+    close(fd);
+    CHECKF(!fakecuda_registered(ro, ro_n), "unmapped read-only mapping: no registration left");
+
+    unsigned char *rw = mmap(NULL, ro_n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(rw != MAP_FAILED);
+    fill_pattern(rw, ro_n, 91);
+    CHECK(mprotect(rw, ro_n, PROT_READ) == 0);
+    data_ok = 1;
+    for (unsigned i = 0; i < 5; i++) {
+        CU(cuMemsetD8(dev, 0, ro_n));
+        HTOD(dev, rw, ro_n);
+        memset(check, 0, ro_n);
+        DTOH(check, dev, ro_n);
+        data_ok &= check_pattern(check, ro_n, 91);
+    }
+    CHECKF(data_ok, "an anonymous mapping made read-only with mprotect copies correctly");
+    munmap(rw, ro_n);
+    CHECKF(!fakecuda_registered(rw, ro_n), "unmapped mprotect'ed mapping: no registration left");
+
+    /* ---- the hot buffer still works after all that, and goes away cleanly ---- */
+    fill_pattern(hot, n, 99);
+    HTOD(dev, hot, n);
+    memset(fresh, 0, n);
+    DTOH(fresh, dev, n);
+    CHECKF(check_pattern(fresh, n, 99), "hot buffer still correct at the end");
+
+    free(hot);
+    free(fresh);
+    free(small);
+    CU(cuStreamDestroy(s));
+    CU(cuMemFreeHost(ha));
+    CU(cuMemFreeHost(ah));
+    CU(cuMemFreeHost(check));
+    CU(cuMemFree(dev));
+    CHECKF(fakecuda_violations() == 0, "no violations (%lu)", fakecuda_violations());
+    printf("EXPECTED_COPIES h2d=%lu d2h=%lu d2d=%lu\n", h2d, d2h, d2d);
+    return TEST_SUMMARY();
+}
