@@ -55,14 +55,22 @@ static enum mem_kind classify_host(uintptr_t p, size_t n, enum copy_dir dir, int
         *held = b;
         return MEM_PROMOTED;
     }
-    int promote = policy_on_copy(b, dir, n, staging_available(n));
-    if (!may_promote || !promote) {
+    if (n >= shim_cfg.min_size && drv.cuCtxGetCurrent(&b->last_ctx) != CUDA_SUCCESS)
+        b->last_ctx = NULL;
+    if (!may_promote) {
+        b->copies++;
+        b->bytes_moved += n;
+        b->last_use_ns = shim_now_ns();
+        table_unlock();
+        return MEM_PAGEABLE;
+    }
+    if (!policy_on_copy(b, dir, n)) {
         table_unlock();
         return MEM_PAGEABLE;
     }
     b->inflight++;
     table_unlock();
-    if (policy_promote(b)) {
+    if (policy_promote(b, NULL, 0)) {
         *held = b;
         return MEM_PROMOTED;
     }

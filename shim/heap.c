@@ -138,6 +138,19 @@ int heap_free(void *p)
         table_unlock();
         return 0;
     }
+    if (b->state == BLOCK_PAGEABLE && !shim_forked_child && policy_worth_caching(b)) {
+        /* Register it on the way out and keep it for the next allocation of its size, which
+         * then copies at pinned speed from its first use.  The program no longer sees b, so
+         * nothing races this registration. */
+        table_unlock();
+        if (policy_promote(b, b->last_ctx, 1)) {
+            table_lock();
+            policy_cache_put(b);
+            table_unlock();
+            return 1;
+        }
+        table_lock();
+    }
     if (b->state == BLOCK_PROMOTED) {
         if (shim_forked_child) {
             /* The child owns no registration (the parent's driver state did the pinning):

@@ -13,4 +13,26 @@ void nodebudget_release(size_t bytes);
 /* For the report: the node budget, bytes held by all processes, and by this one. */
 void nodebudget_usage(uint64_t *budget, uint64_t *node_used, uint64_t *mine);
 
+/* Clear this process's slot (its bytes go back to the node) and refuse further reservations.
+ * Runs by itself at exit, after the shim's own destructor; safe to call again. */
+void nodebudget_shutdown(void);
+
+/* ---- for tests ---- */
+
+/* The shared-memory name in use ("/pinshim-<uid>-<budget>"), "" before the first use. */
+const char *nodebudget_segment_name(void);
+
+struct nodebudget_audit {
+    uint64_t budget;      /* shim_cfg.node_budget */
+    uint64_t used;        /* the segment's running total */
+    uint64_t slot_sum;    /* the slots' bytes added up, under the segment's lock */
+    uint64_t slots_used;
+    uint64_t mine;
+};
+/* Read the segment under its lock (attaching if needed): 0, 1 when the node budget fell back
+ * to a per-process ceiling (only budget is filled), -1 when there is no node budget. */
+int nodebudget_audit(struct nodebudget_audit *a);
+/* Put a slot for another process into the segment, as a dead or reused pid would leave it. */
+int nodebudget_test_plant(int32_t pid, uint64_t start, uint64_t bytes);
+
 #endif

@@ -111,7 +111,7 @@ int policy_promotion_enabled(void)
     return on;
 }
 
-int policy_on_copy(struct block *b, enum copy_dir dir, size_t bytes, int staging_available)
+int policy_on_copy(struct block *b, enum copy_dir dir, size_t bytes)
 {
     uint64_t now = shim_now_ns();
     b->copies++;
@@ -123,13 +123,10 @@ int policy_on_copy(struct block *b, enum copy_dir dir, size_t bytes, int staging
         return 0;
     if (!(b->prot & PROT_WRITE) && (!read_only_supported || dir != DIR_H2D))
         return 0;
+    /* Measured against the driver's own pageable path: staging gets closer to pinned speed,
+     * but only a registration reaches it, and waiting longer to register only delays the gain
+     * of a buffer that is already showing it is reused. */
     double alt = dir == DIR_H2D ? (double)shim_cfg.bw_h2d_pageable : (double)shim_cfg.bw_d2h_pageable;
-    if (staging_available) {
-        /* The staging pipeline reaches about half the pinned bandwidth. */
-        double staged = (double)shim_cfg.bw_pinned / 2;
-        if (staged > alt)
-            alt = staged;
-    }
     /* The cheapest case first (every page resident): most declines need no mincore. */
     double gain = policy_promotion_gain_us(b->map_len, b->map_len, dir, bytes, b->copies, alt);
     if (gain > 0) {
@@ -200,7 +197,7 @@ void policy_unregister(struct block *b)
 /* Make room for `need` more registered bytes.  reg_mutex held, table lock not held.  Cached
  * blocks go first (least recently freed first), then promoted blocks idle for long enough,
  * least recently used first, never `keep`. */
-static int make_room(size_t need, struct block *keep)
+static int make_room(size_t need, struct block *keep, int cache_only)
 {
     while (policy_registered_bytes() + need > shim_cfg.budget) {
         uint64_t now = shim_now_ns();
@@ -209,6 +206,9 @@ static int make_room(size_t need, struct block *keep)
         if (victim) {
             cache_unlink(victim);
             table_remove(victim);
+        } else if (cache_only) {
+            table_unlock();
+            return 0;
         } else {
             uint64_t keep_gap = keep && keep->copies > 1 ? now - keep->last_use_ns : 0;
             struct block *b, *tmp;
@@ -256,12 +256,26 @@ static CUresult register_range(uintptr_t base, size_t len, unsigned flags)
         (void *)base, len, flags);
 }
 
-int policy_promote(struct block *b)
+int policy_worth_caching(const struct block *b)
+{
+    /* It carried at least one transfer of most of its bytes: the pattern of a step buffer or a
+     * tensor that a framework allocates afresh every step.  Its pages are resident now, so
+     * registering costs the least it ever will. */
+    return b->origin == ORIGIN_HEAP && b->state == BLOCK_PAGEABLE && !b->no_promote && b->last_ctx &&
+           b->bytes_moved >= b->map_len / 2 && b->map_len >= shim_cfg.min_size &&
+           b->map_len <= shim_cfg.budget && __atomic_load_n(&promotion_state, __ATOMIC_RELAXED) > 0;
+}
+
+int policy_promote(struct block *b, CUcontext ctx, int for_cache)
 {
     if (!real_hook[HOOK_cuMemHostRegister_v2] || !policy_promotion_enabled())
         return 0;
-    CUcontext ctx = NULL;
-    if (drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+    CUcontext current = NULL;
+    if (drv.cuCtxGetCurrent(&current) != CUDA_SUCCESS)
+        current = NULL;
+    if (!ctx)
+        ctx = current;
+    if (!ctx)
         return 0;
     int promoted = 0;
     pthread_mutex_lock(&reg_mutex);
@@ -275,13 +289,19 @@ int policy_promote(struct block *b)
         pthread_mutex_unlock(&reg_mutex);
         return 1;
     }
-    if (make_room(len, b) && nodebudget_reserve(len)) {
+    if (make_room(len, b, for_cache) && nodebudget_reserve(len)) {
         unsigned flags = CU_MEMHOSTREGISTER_PORTABLE;
         if (!(prot & PROT_WRITE))
             flags |= CU_MEMHOSTREGISTER_READ_ONLY;
         uint64_t t0 = shim_now_ns();
         nvtx_push("pinshim promote");
+        /* Registration acts in the calling thread's current context. */
+        int pushed = ctx != current && drv.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
         CUresult r = register_range(base, len, flags);
+        if (pushed) {
+            CUcontext ignored;
+            drv.cuCtxPopCurrent_v2(&ignored);
+        }
         nvtx_pop();
         stats_add(STAT_REGISTER_NS, shim_now_ns() - t0);
         table_lock();
@@ -319,7 +339,7 @@ int policy_reserve(size_t bytes)
 {
     int ok = 0;
     pthread_mutex_lock(&reg_mutex);
-    if (make_room(bytes, NULL) && nodebudget_reserve(bytes)) {
+    if (make_room(bytes, NULL, 0) && nodebudget_reserve(bytes)) {
         update_registered((int64_t)bytes);
         ok = 1;
     }

@@ -7,6 +7,7 @@
 #include "stats.h"
 #include "config.h"
 #include "log.h"
+#include "nodebudget.h"
 #include "shim.h"
 
 #include <dlfcn.h>
@@ -535,6 +536,12 @@ static void write_json(struct out *o)
             C(REWRITE_SYNC_TO_ASYNC), C(REWRITE_ASYNC_WAITED), seconds(stats_get(STAT_ORDERING_WAIT_NS)));
     out_fmt(o, "\"staging\":{\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"failures\":%llu},\n",
             C(STAGED_COPIES), C(STAGED_BYTES), seconds(stats_get(STAT_STAGED_NS)), C(STAGING_FAILURES));
+    {   /* node budget (nodebudget.c): the ceiling, bytes held on the node, by this process */
+        uint64_t nb, nb_used, nb_mine;
+        nodebudget_usage(&nb, &nb_used, &nb_mine);
+        out_fmt(o, "\"node_budget\":{\"bytes\":%llu,\"used_bytes\":%llu,\"mine_bytes\":%llu},\n",
+                (unsigned long long)nb, (unsigned long long)nb_used, (unsigned long long)nb_mine);
+    }
     out_fmt(o, "\"other\":{\"capture_passthrough\":%llu,\"fallbacks\":%llu,\"batch_copies\":%llu,"
                "\"peer_copies\":%llu,\"fork_child_frees\":%llu,\"untracked_lookups\":%llu},\n",
             C(CAPTURE_PASSTHROUGH), C(FALLBACKS), C(BATCH_COPIES), C(PEER_COPIES),
@@ -682,6 +689,16 @@ static void write_report(struct out *o)
     out_fmt(o, "staging: %llu copies, %s, %.4f s, failures %llu\n", C(STAGED_COPIES),
             human_bytes(stats_get(STAT_STAGED_BYTES), b1, sizeof b1),
             seconds(stats_get(STAT_STAGED_NS)), C(STAGING_FAILURES));
+    {   /* node budget (nodebudget.c) */
+        uint64_t nb, nb_used, nb_mine;
+        nodebudget_usage(&nb, &nb_used, &nb_mine);
+        if (nb)
+            out_fmt(o, "node budget: %s, %s held on the node, %s by this process\n",
+                    human_bytes(nb, b1, sizeof b1), human_bytes(nb_used, b2, sizeof b2),
+                    human_bytes(nb_mine, b3, sizeof b3));
+        else
+            out_str(o, "node budget: off\n");
+    }
     out_fmt(o, "other: %llu passed through during stream capture, %llu fallbacks to the original "
                "call, %llu batch copies, %llu peer copies, %llu frees in forked children\n",
             C(CAPTURE_PASSTHROUGH), C(FALLBACKS), C(BATCH_COPIES), C(PEER_COPIES), C(FORK_CHILD_FREES));

@@ -30,6 +30,7 @@ struct block {
     uintptr_t reg_base;
     size_t reg_len;
     CUcontext reg_ctx;
+    CUcontext last_ctx;       /* the context of its last large copy (for promotion on free) */
     /* hotness, for the policy */
     uint64_t copies;
     uint64_t bytes_moved;
