@@ -467,8 +467,18 @@ void nodebudget_usage(uint64_t *budget, uint64_t *node_used, uint64_t *mine_out)
     *mine_out = __atomic_load_n(&mine, __ATOMIC_RELAXED);
     *node_used = *mine_out;
     int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-    if (st == ST_SHARED && *budget && !shim_forked_child)
+    if (st != ST_SHARED || !*budget || shim_forked_child)
+        return;
+    int saved_errno = errno;
+    /* Under the lock, so that this process's share is never reported above the node's. */
+    if (seg_lock(seg) == 0) {
+        *mine_out = __atomic_load_n(&mine, __ATOMIC_RELAXED);
+        *node_used = seg->used;
+        pthread_mutex_unlock(&seg->lock);
+    } else {
         *node_used = __atomic_load_n(&seg->used, __ATOMIC_RELAXED);
+    }
+    errno = saved_errno;
 }
 
 void nodebudget_shutdown(void)
@@ -547,4 +557,14 @@ int nodebudget_test_plant(int32_t pid, uint64_t start, uint64_t bytes)
     }
     pthread_mutex_unlock(&seg->lock);
     return planted;
+}
+
+void nodebudget_test_die_locked(void)
+{
+    uint64_t budget = shim_cfg.node_budget;
+    if (budget && current_state(budget) == ST_SHARED && seg_lock(seg) == 0) {
+        __atomic_store_n(&seg->used, seg->used + 12345, __ATOMIC_RELAXED);
+        raise(SIGKILL);
+    }
+    _exit(1);
 }

@@ -34,5 +34,8 @@ struct nodebudget_audit {
 int nodebudget_audit(struct nodebudget_audit *a);
 /* Put a slot for another process into the segment, as a dead or reused pid would leave it. */
 int nodebudget_test_plant(int32_t pid, uint64_t start, uint64_t bytes);
+/* Take the segment's lock, spoil the node total, and die by SIGKILL holding the lock: what a
+ * process killed halfway through an update leaves behind. */
+void nodebudget_test_die_locked(void);
 
 #endif
