@@ -185,6 +185,143 @@ static void case_2d(const char *name, int ptsz, unsigned char *hot, unsigned cha
     CHECKF(rows_match(hot2, ref), "%s D2H into a hot buffer: the rows are there after sync", name);
 }
 
+/* Other entry points and shapes: a small copy inside the hot buffer, cuMemcpyAsync (unified
+ * addressing), cuMemcpy3DAsync, and cuMemcpyBatchAsync (stream-ordered source access, which the
+ * checking fake treats like cuMemcpyAsync: a pageable source is read during the call and a
+ * pageable destination is written before it returns).  Batch copies are left out of
+ * EXPECTED_COPIES: the shim counts them apart. */
+static void other_entry_points(unsigned char *hot, unsigned char *hot2, CUstream s)
+{
+    /* small, at an odd offset inside the promoted buffer */
+    const size_t off = (1u << 20) + 123, sm = 4096;
+    set_device(140);
+    fill_pattern(hot, n, 141);
+    delay_stream(s, 0);
+    CU(cuMemcpyHtoDAsync(dev + off, hot + off, sm, s));
+    h2d++;
+    if (!trust)
+        fill_pattern(hot, n, 142);
+    CU(cuStreamSynchronize(s));
+    memset(check, 0, n);
+    CU(cuMemcpyDtoH(check, dev, n));
+    d2h++;
+    unsigned char *ref = malloc(n);
+    fill_pattern(ref, n, 141);
+    int ok = memcmp(check + off, ref + off, sm) == 0;
+    fill_pattern(ref, n, 140);
+    ok &= memcmp(check, ref, off) == 0;
+    CHECKF(ok, "4 KiB async H2D from inside a hot buffer: the device has the content at the call");
+
+    set_device(143);
+    memset(hot2, 0, n);
+    delay_stream(s, 0);
+    CU(cuMemcpyDtoHAsync(hot2 + off, dev + off, sm, s));
+    d2h++;
+    fill_pattern(ref, n, 143);
+    if (!trust)
+        CHECKF(memcmp(hot2 + off, ref + off, sm) == 0, "4 KiB async D2H into a hot buffer: there when the call returns");
+    CU(cuStreamSynchronize(s));
+    CHECKF(memcmp(hot2 + off, ref + off, sm) == 0, "4 KiB async D2H into a hot buffer: there after sync");
+
+    /* cuMemcpyAsync, unified addressing */
+    set_device(144);
+    fill_pattern(hot, n, 145);
+    delay_stream(s, 0);
+    CU(cuMemcpyAsync(dev, (CUdeviceptr)hot, n, s));
+    h2d++;
+    if (!trust)
+        fill_pattern(hot, n, 146);
+    CU(cuStreamSynchronize(s));
+    CHECKF(device_has(145), "cuMemcpyAsync from a hot buffer: the device has the content at the call");
+    set_device(147);
+    memset(hot2, 0, n);
+    delay_stream(s, 0);
+    CU(cuMemcpyAsync((CUdeviceptr)hot2, dev, n, s));
+    d2h++;
+    if (!trust)
+        CHECKF(check_pattern(hot2, n, 147), "cuMemcpyAsync into a hot buffer: there when the call returns");
+    CU(cuStreamSynchronize(s));
+    CHECKF(check_pattern(hot2, n, 147), "cuMemcpyAsync into a hot buffer: there after sync");
+
+    /* cuMemcpy3DAsync: 64 rows x 16 slices of 4000 bytes, pitch 4096 */
+    CUDA_MEMCPY3D p3;
+    memset(&p3, 0, sizeof p3);
+    p3.srcMemoryType = CU_MEMORYTYPE_HOST;
+    p3.srcHost = hot;
+    p3.srcPitch = 4096;
+    p3.srcHeight = 64;
+    p3.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    p3.dstDevice = dev;
+    p3.dstPitch = 4096;
+    p3.dstHeight = 64;
+    p3.WidthInBytes = 4000;
+    p3.Height = 64;
+    p3.Depth = 16;
+    set_device(148);
+    fill_pattern(hot, n, 149);
+    memcpy(ref, hot, n);
+    delay_stream(s, 0);
+    CU(cuMemcpy3DAsync(&p3, s));
+    h2d++;
+    if (!trust)
+        fill_pattern(hot, n, 150);
+    CU(cuStreamSynchronize(s));
+    memset(check, 0, n);
+    CU(cuMemcpyDtoH(check, dev, n));
+    d2h++;
+    ok = 1;
+    for (size_t r = 0; r < 64 * 16; r++)
+        ok &= memcmp(check + r * 4096, ref + r * 4096, 4000) == 0;
+    CHECKF(ok, "cuMemcpy3DAsync from a hot buffer: the device has the content at the call");
+
+    CUDA_MEMCPY3D q3 = p3;
+    q3.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    q3.srcHost = NULL;
+    q3.srcDevice = dev;
+    q3.dstMemoryType = CU_MEMORYTYPE_HOST;
+    q3.dstDevice = 0;
+    q3.dstHost = hot2;
+    set_device(151);
+    fill_pattern(ref, n, 151);
+    memset(hot2, 0, n);
+    delay_stream(s, 0);
+    CU(cuMemcpy3DAsync(&q3, s));
+    d2h++;
+    if (!trust) {
+        ok = 1;
+        for (size_t r = 0; r < 64 * 16; r++)
+            ok &= memcmp(hot2 + r * 4096, ref + r * 4096, 4000) == 0;
+        CHECKF(ok, "cuMemcpy3DAsync into a hot buffer: there when the call returns");
+    }
+    CU(cuStreamSynchronize(s));
+
+    /* cuMemcpyBatchAsync, stream-ordered source access */
+    CUmemcpyAttributes attr;
+    memset(&attr, 0, sizeof attr);
+    attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    size_t idx = 0, size = n;
+    set_device(152);
+    fill_pattern(hot, n, 153);
+    CUdeviceptr dsts[1] = {dev}, srcs[1] = {(CUdeviceptr)hot};
+    delay_stream(s, 0);
+    CU(cuMemcpyBatchAsync(dsts, srcs, &size, 1, &attr, &idx, 1, s));
+    if (!trust)
+        fill_pattern(hot, n, 154);
+    CU(cuStreamSynchronize(s));
+    CHECKF(device_has(153), "cuMemcpyBatchAsync from a hot buffer: the device has the content at the call");
+    set_device(155);
+    memset(hot2, 0, n);
+    dsts[0] = (CUdeviceptr)hot2;
+    srcs[0] = dev;
+    delay_stream(s, 0);
+    CU(cuMemcpyBatchAsync(dsts, srcs, &size, 1, &attr, &idx, 1, s));
+    if (!trust)
+        CHECKF(check_pattern(hot2, n, 155), "cuMemcpyBatchAsync into a hot buffer: there when the call returns");
+    CU(cuStreamSynchronize(s));
+    CHECKF(check_pattern(hot2, n, 155), "cuMemcpyBatchAsync into a hot buffer: there after sync");
+    free(ref);
+}
+
 int main(void)
 {
     drvtest_init();
@@ -225,6 +362,8 @@ int main(void)
     /* 2D async */
     case_2d("cuMemcpy2DAsync", 0, hot, hot2, ref, s, 21);
     case_2d("cuMemcpy2DAsync_v2_ptsz", 1, hot, hot2, ref, NULL, 24);
+
+    other_entry_points(hot, hot2, s);
 
     /* sync H2D from the promoted buffer, overwritten right after the call */
     set_device(130);
