@@ -33,7 +33,7 @@ int copy_engaged(void)
 /* Classify the host range [p, p+n) of a copy in direction dir.  A promoted block comes back with
  * its inflight count taken (*held): eviction leaves it alone until copy_release(). */
 static enum mem_kind classify_host(uintptr_t p, size_t n, enum copy_dir dir, int may_promote,
-                                   struct block **held)
+                                   int capturing, struct block **held)
 {
     *held = NULL;
     if (pinned_contains(p, n))
@@ -47,6 +47,8 @@ static enum mem_kind classify_host(uintptr_t p, size_t n, enum copy_dir dir, int
         return MEM_PAGEABLE;
     }
     if (b->state == BLOCK_PROMOTED) {
+        if (capturing)
+            b->captured = 1;
         b->copies++;
         b->bytes_moved += n;
         b->last_use_ns = shim_now_ns();
@@ -258,7 +260,7 @@ static CUresult route_1d(struct call1d *c)
     struct block *held = NULL;
     /* Every size is classified: a small copy inside a promoted block must still keep pageable
      * semantics; the policy does not promote for small copies (their saving is tiny). */
-    enum mem_kind kind = classify_host(host, c->n, dir, acting, &held);
+    enum mem_kind kind = classify_host(host, c->n, dir, acting, capturing, &held);
     CUresult r;
     if (!acting) {
         if (capturing)
@@ -437,7 +439,7 @@ static CUresult route_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, in
     int capturing = capture_active();
     int acting = shim_cfg.mode >= MODE_PIN && !capturing && e.extent;
     struct block *held = NULL;
-    enum mem_kind kind = classify_host(e.start, e.extent, dir, acting, &held);
+    enum mem_kind kind = classify_host(e.start, e.extent, dir, acting, capturing, &held);
     CUresult r;
     if (!acting) {
         if (capturing)
@@ -538,7 +540,7 @@ static CUresult route_3d(enum hook_id id, const CUDA_MEMCPY3D *p, CUstream s, in
     int capturing = capture_active();
     int acting = shim_cfg.mode >= MODE_PIN && !capturing && extent;
     struct block *held = NULL;
-    enum mem_kind kind = classify_host(start, extent, dir, acting, &held);
+    enum mem_kind kind = classify_host(start, extent, dir, acting, capturing, &held);
     if (capturing)
         stats_add(STAT_CAPTURE_PASSTHROUGH, 1);
     CUresult r = call_3d(id, p, s, async);
@@ -611,39 +613,98 @@ CUresult on_3dpeer_async(enum hook_id id, const CUDA_MEMCPY3D_PEER *p, CUstream 
     return r;
 }
 
-/* ---- batches: counted, passed through ------------------------------------------------- */
+/* ---- batches: counted, passed through --------------------------------------------------- */
+
+/* Does p lie in a block the shim registered?  Then a batch copy touching it would run truly
+ * asynchronously where the program expects pageable behaviour. */
+static int touches_promoted(CUdeviceptr p)
+{
+    table_lock();
+    struct block *b = table_find_containing((uintptr_t)p);
+    int promoted = b && b->state == BLOCK_PROMOTED;
+    table_unlock();
+    return promoted;
+}
+
+/* After a batch that touched promoted memory, wait for it: for the program that memory is
+ * pageable (semantics rule 1).  Nothing to do during a capture (the batch was only recorded). */
+static CUresult finish_batch(enum hook_id id, CUresult r, int promoted, size_t count, CUstream s)
+{
+    if (promoted && r == CUDA_SUCCESS && !capture_active() && !shim_cfg.trust_async) {
+        wait_program_copy(s, hook_table[id].flavour);
+        stats_add(STAT_REWRITE_ASYNC_WAITED, 1);
+    }
+    stats_add(STAT_BATCH_COPIES, count);
+    shim_leave();
+    return r;
+}
+
+static int batch_touches_promoted(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t count)
+{
+    if (!table_count() || !dsts || !srcs)
+        return 0;
+    for (size_t i = 0; i < count; i++)
+        if (touches_promoted(dsts[i]) || touches_promoted(srcs[i]))
+            return 1;
+    return 0;
+}
+
+static int batch3d_touches_promoted(const CUDA_MEMCPY3D_BATCH_OP *ops, size_t n)
+{
+    if (!table_count() || !ops)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((ops[i].src.type == CU_MEMCPY_OPERAND_TYPE_POINTER && touches_promoted(ops[i].src.op.ptr.ptr)) ||
+            (ops[i].dst.type == CU_MEMCPY_OPERAND_TYPE_POINTER && touches_promoted(ops[i].dst.op.ptr.ptr)))
+            return 1;
+    return 0;
+}
 
 CUresult on_batch_v1(enum hook_id id, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
                      CUmemcpyAttributes *attrs, size_t *attr_idxs, size_t num_attrs, size_t *fail_idx,
                      CUstream s)
 {
-    if (copy_engaged())
-        stats_add(STAT_BATCH_COPIES, count);
-    return ((PFN_cuMemcpyBatchAsync_v12080)real_hook[id])(dsts, srcs, sizes, count, attrs, attr_idxs,
-                                                           num_attrs, fail_idx, s);
+    PFN_cuMemcpyBatchAsync_v12080 real = (PFN_cuMemcpyBatchAsync_v12080)real_hook[id];
+    if (!copy_engaged())
+        return real(dsts, srcs, sizes, count, attrs, attr_idxs, num_attrs, fail_idx, s);
+    shim_enter();
+    int promoted = batch_touches_promoted(dsts, srcs, count);
+    CUresult r = real(dsts, srcs, sizes, count, attrs, attr_idxs, num_attrs, fail_idx, s);
+    return finish_batch(id, r, promoted, count, s);
 }
 
 CUresult on_batch_v2(enum hook_id id, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
                      CUmemcpyAttributes *attrs, size_t *attr_idxs, size_t num_attrs, CUstream s)
 {
-    if (copy_engaged())
-        stats_add(STAT_BATCH_COPIES, count);
-    return ((PFN_cuMemcpyBatchAsync_v13000)real_hook[id])(dsts, srcs, sizes, count, attrs, attr_idxs,
-                                                           num_attrs, s);
+    PFN_cuMemcpyBatchAsync_v13000 real = (PFN_cuMemcpyBatchAsync_v13000)real_hook[id];
+    if (!copy_engaged())
+        return real(dsts, srcs, sizes, count, attrs, attr_idxs, num_attrs, s);
+    shim_enter();
+    int promoted = batch_touches_promoted(dsts, srcs, count);
+    CUresult r = real(dsts, srcs, sizes, count, attrs, attr_idxs, num_attrs, s);
+    return finish_batch(id, r, promoted, count, s);
 }
 
 CUresult on_batch3d_v1(enum hook_id id, size_t num_ops, CUDA_MEMCPY3D_BATCH_OP *ops, size_t *fail_idx,
                        unsigned long long flags, CUstream s)
 {
-    if (copy_engaged())
-        stats_add(STAT_BATCH_COPIES, num_ops);
-    return ((PFN_cuMemcpy3DBatchAsync_v12080)real_hook[id])(num_ops, ops, fail_idx, flags, s);
+    PFN_cuMemcpy3DBatchAsync_v12080 real = (PFN_cuMemcpy3DBatchAsync_v12080)real_hook[id];
+    if (!copy_engaged())
+        return real(num_ops, ops, fail_idx, flags, s);
+    shim_enter();
+    int promoted = batch3d_touches_promoted(ops, num_ops);
+    CUresult r = real(num_ops, ops, fail_idx, flags, s);
+    return finish_batch(id, r, promoted, num_ops, s);
 }
 
 CUresult on_batch3d_v2(enum hook_id id, size_t num_ops, CUDA_MEMCPY3D_BATCH_OP *ops,
                        unsigned long long flags, CUstream s)
 {
-    if (copy_engaged())
-        stats_add(STAT_BATCH_COPIES, num_ops);
-    return ((PFN_cuMemcpy3DBatchAsync_v13000)real_hook[id])(num_ops, ops, flags, s);
+    PFN_cuMemcpy3DBatchAsync_v13000 real = (PFN_cuMemcpy3DBatchAsync_v13000)real_hook[id];
+    if (!copy_engaged())
+        return real(num_ops, ops, flags, s);
+    shim_enter();
+    int promoted = batch3d_touches_promoted(ops, num_ops);
+    CUresult r = real(num_ops, ops, flags, s);
+    return finish_batch(id, r, promoted, num_ops, s);
 }

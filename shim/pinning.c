@@ -29,8 +29,24 @@ CUresult on_host_register(enum hook_id id, void *p, size_t n, unsigned int flags
     return r;
 }
 
+/* Does p lie in a registration the shim made (not the program)? */
+static int in_shim_registration(uintptr_t p)
+{
+    if (!table_count())
+        return 0;
+    table_lock();
+    struct block *b = table_find_containing(p);
+    int shim_owned = b && b->state != BLOCK_PAGEABLE && p >= b->reg_base && p < b->reg_base + b->reg_len;
+    table_unlock();
+    return shim_owned;
+}
+
 CUresult on_host_unregister(enum hook_id id, void *p)
 {
+    /* Without the shim this memory is not registered at all: answer as the driver would then,
+     * and never let the program's call take the shim's registration away (rules 3 and 4). */
+    if (copy_engaged() && !pinned_contains((uintptr_t)p, 1) && in_shim_registration((uintptr_t)p))
+        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
     shim_enter();
     CUresult r = ((PFN_cuMemHostUnregister_v4000)real_hook[id])(p);
     shim_leave();

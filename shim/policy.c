@@ -164,12 +164,30 @@ static void cache_unlink(struct block *b)
 
 /* Unregister a registration the copies can no longer see.  Pushes the registering context:
  * a free() may come from a thread that never used CUDA. */
+/* The shim's own registration calls are "potentially unsafe" during a stream capture: in relaxed
+ * mode this thread may make them without invalidating the program's capture (a munmap of a
+ * promoted block can come in the middle of one, and the registration must go regardless). */
+static CUstreamCaptureMode relax_capture(void)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!drv.cuThreadExchangeStreamCaptureMode || drv.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+        return CU_STREAM_CAPTURE_MODE_RELAXED;
+    return mode;
+}
+
+static void restore_capture(CUstreamCaptureMode mode)
+{
+    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED && drv.cuThreadExchangeStreamCaptureMode)
+        drv.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 static void unregister_range(uintptr_t base, size_t len, CUcontext ctx, int async_pending)
 {
     if (shim_forked_child || !real_hook[HOOK_cuMemHostUnregister])
         return;
     uint64_t t0 = shim_now_ns();
     nvtx_push("pinshim unregister");
+    CUstreamCaptureMode saved_mode = relax_capture();
     int pushed = ctx && drv.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
     if (async_pending && drv.cuCtxSynchronize)
         drv.cuCtxSynchronize();   /* trusted async copies may still use it */
@@ -178,6 +196,7 @@ static void unregister_range(uintptr_t base, size_t len, CUcontext ctx, int asyn
         CUcontext ignored;
         drv.cuCtxPopCurrent_v2(&ignored);
     }
+    restore_capture(saved_mode);
     nvtx_pop();
     if (r != CUDA_SUCCESS)
         shim_log_once(LOG_INFO, "unregister of a promoted block failed (error %d)", (int)r);
@@ -213,7 +232,7 @@ static int make_room(size_t need, struct block *keep, int cache_only)
             uint64_t keep_gap = keep && keep->copies > 1 ? now - keep->last_use_ns : 0;
             struct block *b, *tmp;
             TABLE_FOREACH(b, tmp) {
-                if (b == keep || b->state != BLOCK_PROMOTED || b->inflight)
+                if (b == keep || b->state != BLOCK_PROMOTED || b->inflight || b->captured)
                     continue;
                 uint64_t idle = now - b->last_use_ns;
                 if (idle < IDLE_EVICT_NS && idle <= keep_gap)
@@ -382,6 +401,7 @@ struct block *policy_cache_take(size_t n, size_t align)
 void policy_cache_put(struct block *b)
 {
     b->state = BLOCK_CACHED;
+    b->captured = 0;
     b->size = 0;
     b->copies = 0;
     b->bytes_moved = 0;

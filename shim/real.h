@@ -52,7 +52,8 @@ void real_libc_resolve(void);
     X(cuEventQuery, CUresult, (CUevent))                                                    \
     X(cuEventDestroy_v2, CUresult, (CUevent))                                               \
     X(cuMemAlloc_v2, CUresult, (CUdeviceptr *, size_t))                                     \
-    X(cuMemFree_v2, CUresult, (CUdeviceptr))
+    X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                \
+    X(cuThreadExchangeStreamCaptureMode, CUresult, (CUstreamCaptureMode *))
 
 struct driver_fns {
 #define DRIVER_FIELD_(name, ret, params) ret (*name) params;

@@ -38,6 +38,9 @@ struct block {
     unsigned inflight;        /* copies running through this block's registration now */
     int async_pending;        /* trusted async copies may still read or write it */
     int no_promote;           /* registration failed for a reason that will not change */
+    int captured;             /* a captured graph copies through this registration: a replay
+                               * after unregistering would DMA into unpinned memory, so it is
+                               * never evicted while the program owns it */
     struct block *cache_next; /* cached blocks, most recently freed first */
     struct block *cache_prev;
     UT_hash_handle hh;
