@@ -5,7 +5,7 @@
  *     copy from cuMemHostAlloc memory in flight when it exits; then they exit (the shim's
  *     per-thread streams go with them);
  *   - the program returns from main while an async copy from cuMemHostAlloc memory is still in
- *     flight behind 50 ms of device work on a blocking stream; an atexit handler then does one
+ *     flight behind 150 ms of device work on a blocking stream; an atexit handler then does one
  *     more sync copy (legacy stream: it waits for the blocking stream) and checks the data. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -171,7 +171,7 @@ int main(void)
     fill_pattern(final_src, n, 77);
     CUstream fs;
     CU(cuStreamCreate(&fs, 0));
-    CU(fakecuda_launch_write(fs, final_dev, 0x11, n, 50000));
+    CU(fakecuda_launch_write(fs, final_dev, 0x11, n, 150000));
     CU(cuMemcpyHtoDAsync(final_dev, final_src, n, fs));
     CUresult q = cuStreamQuery(fs);
     CHECKF(q == CUDA_ERROR_NOT_READY, "the final async copy is in flight when main returns (query %d)", (int)q);
