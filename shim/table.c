@@ -173,6 +173,10 @@ size_t table_count(void)
 struct pinned_range { uintptr_t start; size_t len; int host_alloc; };
 static struct pinned_range *pinned;
 static size_t pinned_len, pinned_cap;
+/* Bumped on every change; a thread's last hit stays valid while it is unchanged, so the copy
+ * path of a program that copies from its own pinned buffers takes no lock. */
+static unsigned long pinned_generation;
+static __thread struct { unsigned long generation; uintptr_t start; size_t len; } pinned_last_hit;
 static pthread_mutex_t pinned_mutex = PTHREAD_MUTEX_INITIALIZER;
 
 void pinned_add(uintptr_t start, size_t len, int host_alloc)
@@ -193,6 +197,7 @@ void pinned_add(uintptr_t start, size_t len, int host_alloc)
         pinned_cap = cap;
     }
     pinned[pinned_len++] = (struct pinned_range){start, len, host_alloc};
+    __atomic_add_fetch(&pinned_generation, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&pinned_mutex);
 }
 
@@ -203,6 +208,7 @@ int pinned_remove(uintptr_t start)
     for (size_t i = 0; i < pinned_len; i++) {
         if (pinned[i].start == start) {
             pinned[i] = pinned[--pinned_len];
+            __atomic_add_fetch(&pinned_generation, 1, __ATOMIC_RELEASE);
             found = 1;
             break;
         }
@@ -216,10 +222,17 @@ int pinned_contains(uintptr_t p, size_t len)
     int found = 0;
     if (!__atomic_load_n(&pinned_len, __ATOMIC_RELAXED))
         return 0;
+    unsigned long generation = __atomic_load_n(&pinned_generation, __ATOMIC_ACQUIRE);
+    if (pinned_last_hit.generation == generation && p >= pinned_last_hit.start &&
+        p + len <= pinned_last_hit.start + pinned_last_hit.len)
+        return 1;
     pthread_mutex_lock(&pinned_mutex);
     for (size_t i = 0; i < pinned_len; i++) {
         if (p >= pinned[i].start && p + len <= pinned[i].start + pinned[i].len) {
             found = 1;
+            pinned_last_hit.generation = __atomic_load_n(&pinned_generation, __ATOMIC_RELAXED);
+            pinned_last_hit.start = pinned[i].start;
+            pinned_last_hit.len = pinned[i].len;
             break;
         }
     }
@@ -231,6 +244,7 @@ void pinned_reset(void)
 {
     pthread_mutex_lock(&pinned_mutex);
     pinned_len = 0;
+    __atomic_add_fetch(&pinned_generation, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&pinned_mutex);
 }
 
