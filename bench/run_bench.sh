@@ -20,6 +20,7 @@
 #   BENCH_ARCH=sm_90    nvcc -arch;  NVCC=path to nvcc
 #   BENCH_TIMEOUT=600   seconds per run before it is killed
 #   BENCH_BUDGET_STAGING=64M  PINSHIM_BUDGET for the staging benchmark
+#   BENCH_SWEEP_ARGS=...      gpu_bandwidth sweep arguments (sizes, factor, repetitions)
 set -u
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,6 +57,8 @@ else
     BIG=256M; LOOP_ITERS=50; BATCH=64M; RESULT=16M; STEPS=50; TSIZE=512M; TREPS=10; DL_BATCHES=30
     AB_RUNS=3
 fi
+
+SWEEP_ARGS=${BENCH_SWEEP_ARGS:-$SWEEP_ARGS}
 
 log() { echo "[bench] $*" | tee -a "$LOG" >&2; }
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
