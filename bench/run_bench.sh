@@ -247,6 +247,10 @@ if want train && have gpu_train_loop; then
     ab train_reuse "$REPS" -- "$BIN/gpu_train_loop" --reuse --batch $BATCH --result $RESULT --steps $STEPS
     ab train_realloc "$REPS" -- "$BIN/gpu_train_loop" --realloc --batch $BATCH --result $RESULT --steps $STEPS
     plain_only train_pinned "$REPS" -- "$BIN/gpu_train_loop" --reuse --pinned --batch $BATCH --result $RESULT --steps $STEPS
+    # Transfer-bound: the CPU writes one word per page, so the copies dominate each step.
+    ab train_reuse_light "$REPS" -- "$BIN/gpu_train_loop" --reuse --batch $BATCH --result $RESULT --steps $STEPS --fill-stride 1024
+    ab train_realloc_light "$REPS" -- "$BIN/gpu_train_loop" --realloc --batch $BATCH --result $RESULT --steps $STEPS --fill-stride 1024
+    plain_only train_pinned_light "$REPS" -- "$BIN/gpu_train_loop" --reuse --pinned --batch $BATCH --result $RESULT --steps $STEPS --fill-stride 1024
 fi
 if want drv; then
     if [ -x "$BIN/drv_train_loop" ]; then

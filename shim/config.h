@@ -14,6 +14,7 @@ struct shim_config {
     uint64_t budget;              /* PINSHIM_BUDGET, resolved to bytes */
     uint64_t node_budget;         /* PINSHIM_NODE_BUDGET, bytes; 0 = none */
     uint64_t rewrite_min;         /* PINSHIM_REWRITE_MIN: smallest sync copy moved to a shim stream */
+    bool rewrite_always;          /* PINSHIM_REWRITE_ALWAYS: also when no other thread copies */
     uint64_t staging_min;         /* PINSHIM_STAGING_MIN: smallest pageable copy sent through staging */
     uint64_t staging_chunk;       /* PINSHIM_STAGING_CHUNK */
     uint64_t staging_buffers;     /* PINSHIM_STAGING_BUFFERS */

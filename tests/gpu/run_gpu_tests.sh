@@ -16,7 +16,7 @@
 #        pin             PINSHIM_MODE=pin
 #        full            default mode (PINSHIM_MODE unset)
 #        full-budget64M  PINSHIM_BUDGET=64M (forces staging and eviction)
-#        full-min4K      PINSHIM_MIN_SIZE=4K (small buffers get promoted too)
+#        full-min4K      PINSHIM_MIN_SIZE=4K PINSHIM_REWRITE_ALWAYS=1 (small buffers promoted too; every large sync copy rewritten)
 #      Every shim run also sets PINSHIM_STATS=<log dir>/<run>.json.  A run passes when:
 #        - the exit status is 0 (each program checks its own data and exits 1 with a FAIL line);
 #        - (rule 9) neither stdout nor stderr mentions "pinshim" (no PINSHIM_REPORT/LOG is set);
@@ -196,7 +196,7 @@ run_one() {
     pin) envs=(LD_PRELOAD="$SHIM" PINSHIM_MODE=pin PINSHIM_STATS="$json"); mode=pin ;;
     full) envs=(LD_PRELOAD="$SHIM" PINSHIM_STATS="$json") ;;
     budget) envs=(LD_PRELOAD="$SHIM" PINSHIM_BUDGET=64M PINSHIM_STATS="$json"); budget=$((64 * 1024 * 1024)) ;;
-    min4k) envs=(LD_PRELOAD="$SHIM" PINSHIM_MIN_SIZE=4K PINSHIM_STATS="$json") ;;
+    min4k) envs=(LD_PRELOAD="$SHIM" PINSHIM_MIN_SIZE=4K PINSHIM_REWRITE_ALWAYS=1 PINSHIM_STATS="$json") ;;
     esac
     local t
     t=$(date +%s.%N)
