@@ -210,6 +210,20 @@ static void wait_program_copy(CUstream stream, enum hook_flavour flavour)
     sync(stream);
 }
 
+/* An async copy the program made from or into promoted memory has been issued: for the program
+ * that memory is pageable, so wait until the copy is done (semantics rule 1), unless the user
+ * chose to trust the program; then the block is marked as having DMA that may be in flight. */
+static void keep_pageable_semantics(struct block **held, CUstream stream, enum hook_flavour flavour)
+{
+    if (shim_cfg.trust_async) {
+        copy_release(*held, 1);
+        *held = NULL;
+        return;
+    }
+    wait_program_copy(stream, flavour);
+    stats_add(STAT_REWRITE_ASYNC_WAITED, 1);
+}
+
 /* Moving a legacy sync copy to the thread's own stream pays only when other threads copy at
  * the same time (their copies then stop serializing on the legacy stream); alone it costs a few
  * microseconds per copy (on the H200, 1 MiB pinned copies lost 14%).  So it happens while large
@@ -299,15 +313,8 @@ static CUresult route_1d(struct call1d *c)
                 sync_copy_end();
         } else {
             r = call_original(c);
-            if (kind == MEM_PROMOTED && r == CUDA_SUCCESS) {
-                if (shim_cfg.trust_async) {
-                    copy_release(held, 1);
-                    held = NULL;
-                } else {
-                    wait_program_copy(c->stream, flavour);
-                    stats_add(STAT_REWRITE_ASYNC_WAITED, 1);
-                }
-            }
+            if (kind == MEM_PROMOTED && r == CUDA_SUCCESS)
+                keep_pageable_semantics(&held, c->stream, flavour);
         }
     } else {
         struct stage_req req = {
@@ -481,15 +488,8 @@ static CUresult route_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, in
             stats_add(STAT_REWRITE_SYNC_TO_ASYNC, 1);
         } else {
             r = call_2d(id, p, s, async);
-            if (async && kind == MEM_PROMOTED && r == CUDA_SUCCESS) {
-                if (shim_cfg.trust_async) {
-                    copy_release(held, 1);
-                    held = NULL;
-                } else {
-                    wait_program_copy(s, flavour);
-                    stats_add(STAT_REWRITE_ASYNC_WAITED, 1);
-                }
-            }
+            if (async && kind == MEM_PROMOTED && r == CUDA_SUCCESS)
+                keep_pageable_semantics(&held, s, flavour);
         }
         if (candidate)
             sync_copy_end();
@@ -573,15 +573,8 @@ static CUresult route_3d(enum hook_id id, const CUDA_MEMCPY3D *p, CUstream s, in
     if (capturing)
         stats_add(STAT_CAPTURE_PASSTHROUGH, 1);
     CUresult r = call_3d(id, p, s, async);
-    if (acting && async && kind == MEM_PROMOTED && r == CUDA_SUCCESS) {
-        if (shim_cfg.trust_async) {
-            copy_release(held, 1);
-            held = NULL;
-        } else {
-            wait_program_copy(s, hook_table[id].flavour);
-            stats_add(STAT_REWRITE_ASYNC_WAITED, 1);
-        }
-    }
+    if (acting && async && kind == MEM_PROMOTED && r == CUDA_SUCCESS)
+        keep_pageable_semantics(&held, s, hook_table[id].flavour);
     copy_release(held, 0);
     record(dir, kind, bytes, t0, async);
     return r;
@@ -659,10 +652,9 @@ static int touches_promoted(CUdeviceptr p)
  * pageable (semantics rule 1).  Nothing to do during a capture (the batch was only recorded). */
 static CUresult finish_batch(enum hook_id id, CUresult r, int promoted, size_t count, CUstream s)
 {
-    if (promoted && r == CUDA_SUCCESS && !capture_active() && !shim_cfg.trust_async) {
-        wait_program_copy(s, hook_table[id].flavour);
-        stats_add(STAT_REWRITE_ASYNC_WAITED, 1);
-    }
+    struct block *none = NULL;
+    if (promoted && r == CUDA_SUCCESS && !capture_active())
+        keep_pageable_semantics(&none, s, hook_table[id].flavour);
     stats_add(STAT_BATCH_COPIES, count);
     shim_leave();
     return r;
