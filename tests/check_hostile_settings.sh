@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# tests/check_hostile_settings.sh BUILD: every setting of shim/settings.def, set to hostile text,
+# leaves a fake-driver program's output and exit status exactly as without the shim (rule 9, 10):
+#   - empty or blank: treated as unset, nothing on stderr;
+#   - garbage, negative, overflowing, unknown units, control bytes, very long: exactly one
+#     stderr line from the shim, naming the variable;
+#   - the default written out explicitly: nothing on stderr;
+#   - path settings (PINSHIM_STATS, PINSHIM_REPORT): any text is a valid (relative) path and is
+#     written in the working directory silently; a path that cannot be written (under /proc, under
+#     a regular file, in a missing directory, onto a directory, expanding too long) gives one
+#     warning naming the variable, and no partial or temporary file is left behind.
+set -u
+BUILD=${1:-build}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 1
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+SHIM=$BUILD/libpinshim.so
+FAKE=$BUILD/fakecuda
+PROG=$BUILD/tests/fake/test_doors
+DEF=$ROOT/shim/settings.def
+for f in "$SHIM" "$PROG" "$DEF"; do
+    [ -e "$f" ] || { echo "FAIL missing $f (build first)"; exit 1; }
+done
+WORK=$(mktemp -d /tmp/pinshim-hostile-settings.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+pass=0 fail=0
+
+ok()  { pass=$((pass + 1)); printf 'PASS %s\n' "$1"; }
+bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$1"; [ -n "${2:-}" ] && printf '%s\n' "$2" | head -c 2000 | sed 's/^/    | /'; }
+
+# The reference: the program without the shim.
+REF_OUT=$WORK/ref.out
+timeout 60 env LD_LIBRARY_PATH="$FAKE" "$PROG" >"$REF_OUT" 2>"$WORK/ref.err"
+REF_RC=$?
+if [ $REF_RC -ne 0 ] || [ -s "$WORK/ref.err" ]; then
+    bad "reference run of $(basename "$PROG") (exit $REF_RC)" "$(cat "$WORK/ref.err")"
+    exit 1
+fi
+
+# try DESC VAR VALUE WANT_LINES [DIR]: run the program under the shim with VAR=VALUE (cwd DIR);
+# stdout and status must match the reference and stderr must hold exactly WANT_LINES lines, each
+# a pinshim line naming VAR ("any" = don't count, but only pinshim lines).
+try() {
+    local desc=$1 var=$2 value=$3 want=$4 dir=${5:-$WORK/cwd}
+    local out=$WORK/out err=$WORK/err rc lines
+    mkdir -p "$dir"
+    (cd "$dir" && timeout 60 env LD_LIBRARY_PATH="$FAKE" LD_PRELOAD="$SHIM" "$var=$value" "$PROG") >"$out" 2>"$err"
+    rc=$?
+    if [ $rc -ne $REF_RC ]; then
+        bad "$desc: exit $rc, without the shim $REF_RC" "$(cat "$err")"; return 1
+    fi
+    if ! cmp -s "$out" "$REF_OUT"; then
+        bad "$desc: stdout differs from the run without the shim" "$(diff "$REF_OUT" "$out" | head -20)"; return 1
+    fi
+    lines=$(wc -l <"$err")
+    if [ -s "$err" ] && [ "$(tail -c1 "$err" | od -An -c | tr -d ' ')" != '\n' ]; then
+        bad "$desc: stderr does not end with a newline" "$(cat "$err")"; return 1
+    fi
+    if [ "$want" != any ] && [ "$lines" -ne "$want" ]; then
+        bad "$desc: $lines stderr lines, expected $want" "$(cat "$err")"; return 1
+    fi
+    if [ "$lines" -gt 0 ] && [ "$want" != any ]; then
+        if grep -v -q "^pinshim\[[0-9]*\]: .*$var" "$err"; then
+            bad "$desc: a stderr line is not the shim's or does not name $var" "$(cat "$err")"; return 1
+        fi
+    fi
+    ok "$desc"
+}
+
+# The settings: name and kind, parsed from the table.
+mapfile -t ROWS < <(sed -n 's/^SETTING(\(PINSHIM_[A-Z0-9_]*\), *\([A-Z_]*\), *[a-z_0-9]*, *"\([^"]*\)".*/\1 \2 \3/p' "$DEF")
+if [ ${#ROWS[@]} -lt 10 ]; then
+    bad "parsing $DEF: only ${#ROWS[@]} settings found"; exit 1
+fi
+echo "== ${#ROWS[@]} settings from shim/settings.def"
+
+LONG=$(head -c 3000 /dev/zero | tr '\0' '7')
+NL=$'4K\nPINSHIM_FAKE=1'
+CTRL=$'\x01\x1b[31m\xff'
+HOSTILE=("banana" "-5" "99999999999999999999999" "12Q" "5KB" "  banana  " "0x10" "1e3" "$NL" "$CTRL" "$LONG")
+HOSTILE_NAMES=(garbage negative overflow "unit 12Q" "unit 5KB" "padded garbage" hex exponent newline "control bytes" "3000 chars")
+
+for row in "${ROWS[@]}"; do
+    read -r var kind dflt <<<"$row"
+    try "$var empty" "$var" "" 0
+    try "$var blank" "$var" $' \t ' 0
+    [ -n "$dflt" ] && try "$var default written out ($dflt)" "$var" "$dflt" 0
+    if [ "$kind" = PATH ]; then
+        continue   # below
+    fi
+    for i in "${!HOSTILE[@]}"; do
+        try "$var ${HOSTILE_NAMES[$i]}" "$var" "${HOSTILE[$i]}" 1
+    done
+done
+
+# ---- path settings ----
+# leftovers DIR WANT...: DIR holds exactly the names WANT (sorted), nothing else.
+leftovers() {
+    local dir=$1; shift
+    local got want
+    got=$(ls -A "$dir" 2>/dev/null | sort | tr '\n' ' ')
+    want=$(printf '%s\n' "$@" | sed '/^$/d' | sort | tr '\n' ' ')
+    [ "$got" = "$want" ] || { echo "in $dir: found [$got], expected [$want]"; return 1; }
+}
+
+for row in "${ROWS[@]}"; do
+    read -r var kind dflt <<<"$row"
+    [ "$kind" = PATH ] || continue
+    json=0; [ "$var" = PINSHIM_STATS ] && json=1
+
+    # Hostile-looking text is a valid relative path: written silently in the working directory.
+    for i in 0 1 2 3 4; do
+        v=${HOSTILE[$i]}
+        d=$WORK/rel-$var-$i
+        if try "$var relative path '$v'" "$var" "$v" 0 "$d"; then
+            if ! msg=$(leftovers "$d" "$v"); then
+                bad "$var relative path '$v': files" "$msg"
+            elif [ $json = 1 ] && ! python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$d/$v" 2>/dev/null; then
+                bad "$var relative path '$v': not valid JSON"
+            else
+                ok "$var relative path '$v': the one file, complete"
+            fi
+        fi
+    done
+    try "$var 3000 chars" "$var" "$LONG" 1
+
+    # Paths that cannot be written: one warning, nothing left anywhere.
+    for p in /proc/forbidden/x.json /proc/x.json /sys/x.json; do
+        try "$var unwritable $p" "$var" "$p" 1
+    done
+    [ -e /proc/forbidden ] && bad "/proc/forbidden exists"
+
+    d=$WORK/file-parent-$var; mkdir -p "$d"; echo data >"$d/file"
+    if try "$var parent is a regular file" "$var" "$d/file/x.json" 1; then
+        msg=$(leftovers "$d" file) && [ "$(cat "$d/file")" = data ] && ok "$var parent is a regular file: nothing left, file untouched" \
+            || bad "$var parent is a regular file: leftovers" "$msg"
+    fi
+
+    d=$WORK/missing-$var; mkdir -p "$d"
+    if try "$var missing directory" "$var" "$d/missing/x.json" 1; then
+        msg=$(leftovers "$d") && ok "$var missing directory: nothing created" || bad "$var missing directory: leftovers" "$msg"
+    fi
+
+    d=$WORK/onto-dir-$var; mkdir -p "$d/target"; echo keep >"$d/target/keep"
+    if try "$var target is a directory" "$var" "$d/target" 1; then
+        msg=$(leftovers "$d" target) && msg2=$(leftovers "$d/target" keep) && ok "$var target is a directory: no temporary left" \
+            || bad "$var target is a directory: leftovers" "$msg $msg2"
+    fi
+
+    # %p repeated until the expanded name no longer fits (the template itself does fit).
+    d=$WORK/expand-$var; mkdir -p "$d"
+    many=$(printf '%%p%.0s' $(seq 225))
+    if try "$var expands too long" "$var" "$d/$many" 1; then
+        msg=$(leftovers "$d") && ok "$var expands too long: nothing written" || bad "$var expands too long: leftovers" "$msg"
+    fi
+
+    # A valid path with %p, rewritten twice by the same name pattern: still one complete file each.
+    d=$WORK/pid-$var; mkdir -p "$d"
+    try "$var %p path" "$var" "$d/out-%p.x" 0 && {
+        n=$(ls "$d" | grep -c '^out-[0-9]*\.x$'); others=$(ls "$d" | grep -vc '^out-[0-9]*\.x$')
+        [ "$n" = 1 ] && [ "$others" = 0 ] && ok "$var %p path: one file named by the pid" || bad "$var %p path: $(ls "$d")"
+    }
+done
+
+# PINSHIM_REPORT=1: the report on stderr, which the user asked for; stdout untouched.
+try "PINSHIM_REPORT=1 (report on stderr, asked for)" PINSHIM_REPORT 1 any
+grep -q "pinshim report" "$WORK/err" && ok "PINSHIM_REPORT=1: the report is on stderr" || bad "PINSHIM_REPORT=1: no report on stderr" "$(head -5 "$WORK/err")"
+
+# Every setting hostile at once: one line per setting, each naming its own variable.
+all_env=()
+n_numeric=0
+for row in "${ROWS[@]}"; do
+    read -r var kind dflt <<<"$row"
+    [ "$kind" = PATH ] && continue
+    all_env+=("$var=banana"); n_numeric=$((n_numeric + 1))
+done
+out=$WORK/all.out; err=$WORK/all.err
+timeout 60 env LD_LIBRARY_PATH="$FAKE" LD_PRELOAD="$SHIM" "${all_env[@]}" "$PROG" >"$out" 2>"$err"; rc=$?
+if [ $rc = $REF_RC ] && cmp -s "$out" "$REF_OUT" && [ "$(wc -l <"$err")" = $n_numeric ]; then
+    missing=""
+    for row in "${ROWS[@]}"; do
+        read -r var kind dflt <<<"$row"
+        [ "$kind" = PATH ] && continue
+        [ "$(grep -c "^pinshim\[[0-9]*\]: $var=" "$err")" = 1 ] || missing="$missing $var"
+    done
+    [ -z "$missing" ] && ok "all $n_numeric settings hostile at once: one line each" || bad "all at once: not one line each for$missing" "$(cat "$err")"
+else
+    bad "all settings hostile at once: exit $rc, $(wc -l <"$err") stderr lines (want $n_numeric)" "$(cat "$err")"
+fi
+
+echo "hostile settings: $pass passed, $fail failed"
+[ $fail -eq 0 ]
