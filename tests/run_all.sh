@@ -103,6 +103,9 @@ for t in "$BUILD"/tests/fake/test_*; do
     done
 done
 
+echo "== randomized differential stress"
+run "stress (3 seeds)" "$LOGDIR/stress.log" tests/run_stress.sh "$BUILD" 3
+
 echo "== scripted checks"
 for s in tests/check_*.sh; do
     [ -x "$s" ] || continue
