@@ -42,6 +42,13 @@ static enum mem_kind classify_host(uintptr_t p, size_t n, enum copy_dir dir, int
         return MEM_PAGEABLE;
     table_lock();
     struct block *b = table_find_containing(p);
+    while (b && b->reg_changing) {
+        /* Being registered or unregistered by another thread: until that is done the driver
+         * may see the memory as pinned while the shim's records say pageable, so neither path
+         * is right yet.  Wait, then look again. */
+        table_wait_reg_settled(b);
+        b = table_find_containing(p);
+    }
     if (!b || b->state == BLOCK_CACHED || p + n > b->map_base + b->map_len) {
         table_unlock();
         return MEM_PAGEABLE;
@@ -57,8 +64,6 @@ static enum mem_kind classify_host(uintptr_t p, size_t n, enum copy_dir dir, int
         *held = b;
         return MEM_PROMOTED;
     }
-    if (n >= shim_cfg.min_size && drv.cuCtxGetCurrent(&b->last_ctx) != CUDA_SUCCESS)
-        b->last_ctx = NULL;
     if (!may_promote) {
         b->copies++;
         b->bytes_moved += n;
@@ -72,7 +77,7 @@ static enum mem_kind classify_host(uintptr_t p, size_t n, enum copy_dir dir, int
     }
     b->inflight++;
     table_unlock();
-    if (policy_promote(b, NULL, 0)) {
+    if (policy_promote(b)) {
         *held = b;
         return MEM_PROMOTED;
     }

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "config.h"
 #include "heap.h"
 #include "policy.h"
 #include "real.h"
@@ -30,25 +31,33 @@ void heap_raw_unmap(void *p, size_t len)
 
 /* Freed pageable blocks are kept mapped for reuse, as the real allocator keeps freed memory:
  * without this, a loop that allocates and frees a large buffer would pay a fresh mapping and
- * its page faults every time.  Bounded like glibc's own mmap threshold. */
+ * its page faults every time.  Plain blocks are bounded like glibc's own mmap threshold.
+ * "Warm" blocks, which carried a transfer of most of their bytes (a batch or tensor that a
+ * framework allocates afresh every step), are kept whatever their size, within a quarter of the
+ * budget: the next allocation of that size gets resident pages, which the copy path can promote
+ * at the lowest cost on its first copy, and from then on the pinned cache serves it. */
 #define RETAIN_MAX_BLOCK (32ul << 20)
 #define RETAIN_MAX_TOTAL (64ul << 20)
 #define RETAIN_SLOTS 64
 
-struct retained { uintptr_t map; size_t len; };
+struct retained { uintptr_t map; size_t len; int warm; };
 static struct retained retained[RETAIN_SLOTS];
-static size_t retained_count, retained_bytes;
+static size_t retained_count, retained_bytes, warm_bytes;
 static pthread_mutex_t retained_mutex = PTHREAD_MUTEX_INITIALIZER;
 
-static int retain(uintptr_t map, size_t len)
+static int retain(uintptr_t map, size_t len, int warm)
 {
     int kept = 0;
-    if (len > RETAIN_MAX_BLOCK)
+    size_t warm_limit = (size_t)(shim_cfg.budget / 4);
+    if (warm ? len > warm_limit : len > RETAIN_MAX_BLOCK)
         return 0;
     pthread_mutex_lock(&retained_mutex);
-    if (retained_count < RETAIN_SLOTS && retained_bytes + len <= RETAIN_MAX_TOTAL) {
-        retained[retained_count++] = (struct retained){map, len};
+    if (retained_count < RETAIN_SLOTS &&
+        (warm ? warm_bytes + len <= warm_limit : retained_bytes - warm_bytes + len <= RETAIN_MAX_TOTAL)) {
+        retained[retained_count++] = (struct retained){map, len, warm};
         retained_bytes += len;
+        if (warm)
+            warm_bytes += len;
         kept = 1;
     }
     pthread_mutex_unlock(&retained_mutex);
@@ -71,6 +80,8 @@ static uintptr_t reuse_retained(size_t len, size_t *got_len)
         map = retained[best].map;
         *got_len = retained[best].len;
         retained_bytes -= retained[best].len;
+        if (retained[best].warm)
+            warm_bytes -= retained[best].len;
         retained[best] = retained[--retained_count];
     }
     pthread_mutex_unlock(&retained_mutex);
@@ -138,26 +149,16 @@ int heap_free(void *p)
         table_unlock();
         return 0;
     }
-    if (b->state == BLOCK_PAGEABLE && !shim_forked_child && policy_worth_caching(b)) {
-        /* Register it on the way out and keep it for the next allocation of its size, which
-         * then copies at pinned speed from its first use.  The program no longer sees b, so
-         * nothing races this registration. */
-        table_unlock();
-        if (policy_promote(b, b->last_ctx, 1)) {
-            table_lock();
-            policy_cache_put(b);
-            table_unlock();
-            return 1;
-        }
-        table_lock();
-    }
+    table_wait_reg_settled(b);
+    /* free() never calls the driver: it may run where CUDA calls are not allowed (inside a host
+     * callback), and reg_changing would stall until the device is idle. */
     if (b->state == BLOCK_PROMOTED) {
         if (shim_forked_child) {
             /* The child owns no registration (the parent's driver state did the pinning):
              * free the mapping and never touch the driver (semantics rule 8). */
             stats_add(STAT_FORK_CHILD_FREES, 1);
         } else {
-            /* Keep it pinned for the next large allocation that fits: unregistering here
+            /* Keep it pinned for the next large allocation that fits: reg_changing here
              * would stall until the device is idle. */
             policy_cache_put(b);
             table_unlock();
@@ -166,10 +167,11 @@ int heap_free(void *p)
     }
     uintptr_t map = b->map_base;
     size_t len = b->map_len;
+    int warm = !shim_forked_child && policy_worth_keeping_warm(b);
     table_remove(b);
     block_delete(b);
     table_unlock();
-    if (!retain(map, len))
+    if (!retain(map, len, warm))
         heap_raw_unmap((void *)map, len);
     return 1;
 }
@@ -195,6 +197,7 @@ void *heap_realloc(void *p, size_t n, int *handled)
         return NULL;
     }
     *handled = 1;
+    table_wait_reg_settled(b);
     size_t usable = b->map_base + b->map_len - b->base;
     size_t old = b->size;
     if (n <= usable && n >= heap_track_min) {

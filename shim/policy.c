@@ -117,7 +117,7 @@ int policy_on_copy(struct block *b, enum copy_dir dir, size_t bytes)
     b->copies++;
     b->bytes_moved += bytes;
     b->last_use_ns = now;
-    if (b->no_promote || b->state != BLOCK_PAGEABLE)
+    if (b->no_promote || b->reg_changing || b->state != BLOCK_PAGEABLE)
         return 0;
     if (b->map_len > shim_cfg.budget)
         return 0;
@@ -216,7 +216,7 @@ void policy_unregister(struct block *b)
 /* Make room for `need` more registered bytes.  reg_mutex held, table lock not held.  Cached
  * blocks go first (least recently freed first), then promoted blocks idle for long enough,
  * least recently used first, never `keep`. */
-static int make_room(size_t need, struct block *keep, int cache_only)
+static int make_room(size_t need, struct block *keep)
 {
     while (policy_registered_bytes() + need > shim_cfg.budget) {
         uint64_t now = shim_now_ns();
@@ -225,9 +225,6 @@ static int make_room(size_t need, struct block *keep, int cache_only)
         if (victim) {
             cache_unlink(victim);
             table_remove(victim);
-        } else if (cache_only) {
-            table_unlock();
-            return 0;
         } else {
             uint64_t keep_gap = keep && keep->copies > 1 ? now - keep->last_use_ns : 0;
             struct block *b, *tmp;
@@ -245,6 +242,7 @@ static int make_room(size_t need, struct block *keep, int cache_only)
                 return 0;
             }
             victim->state = BLOCK_PAGEABLE;
+            victim->reg_changing = 1;
         }
         int was_cached = victim->state == BLOCK_CACHED;
         uintptr_t base = victim->reg_base, map = victim->map_base;
@@ -259,6 +257,11 @@ static int make_room(size_t need, struct block *keep, int cache_only)
         table_unlock();
         nvtx_mark("pinshim evict");
         unregister_range(base, len, ctx, pending);
+        if (!was_cached) {
+            table_lock();
+            victim->reg_changing = 0;
+            table_unlock();
+        }
         stats_add(STAT_EVICTIONS, 1);
         stats_add(STAT_EVICTED_BYTES, len);
         if (was_cached) {
@@ -275,26 +278,21 @@ static CUresult register_range(uintptr_t base, size_t len, unsigned flags)
         (void *)base, len, flags);
 }
 
-int policy_worth_caching(const struct block *b)
+int policy_worth_keeping_warm(const struct block *b)
 {
-    /* It carried at least one transfer of most of its bytes: the pattern of a step buffer or a
-     * tensor that a framework allocates afresh every step.  Its pages are resident now, so
-     * registering costs the least it ever will. */
-    return b->origin == ORIGIN_HEAP && b->state == BLOCK_PAGEABLE && !b->no_promote && b->last_ctx &&
-           b->bytes_moved >= b->map_len / 2 && b->map_len >= shim_cfg.min_size &&
-           b->map_len <= shim_cfg.budget && __atomic_load_n(&promotion_state, __ATOMIC_RELAXED) > 0;
+    /* At least one transfer of most of its bytes: the pattern of a step buffer or a tensor that
+     * a framework allocates afresh every step. */
+    return b->origin == ORIGIN_HEAP && b->state == BLOCK_PAGEABLE && !b->no_promote &&
+           b->bytes_moved >= b->map_len / 2 && b->map_len <= shim_cfg.budget &&
+           __atomic_load_n(&promotion_state, __ATOMIC_RELAXED) > 0;
 }
 
-int policy_promote(struct block *b, CUcontext ctx, int for_cache)
+int policy_promote(struct block *b)
 {
     if (!real_hook[HOOK_cuMemHostRegister_v2] || !policy_promotion_enabled())
         return 0;
-    CUcontext current = NULL;
-    if (drv.cuCtxGetCurrent(&current) != CUDA_SUCCESS)
-        current = NULL;
-    if (!ctx)
-        ctx = current;
-    if (!ctx)
+    CUcontext ctx = NULL;
+    if (drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
         return 0;
     int promoted = 0;
     pthread_mutex_lock(&reg_mutex);
@@ -308,22 +306,24 @@ int policy_promote(struct block *b, CUcontext ctx, int for_cache)
         pthread_mutex_unlock(&reg_mutex);
         return 1;
     }
-    if (make_room(len, b, for_cache) && nodebudget_reserve(len)) {
+    if (state != BLOCK_PAGEABLE) {
+        pthread_mutex_unlock(&reg_mutex);
+        return 0;
+    }
+    if (make_room(len, b) && nodebudget_reserve(len)) {
         unsigned flags = CU_MEMHOSTREGISTER_PORTABLE;
         if (!(prot & PROT_WRITE))
             flags |= CU_MEMHOSTREGISTER_READ_ONLY;
         uint64_t t0 = shim_now_ns();
         nvtx_push("pinshim promote");
-        /* Registration acts in the calling thread's current context. */
-        int pushed = ctx != current && drv.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+        table_lock();
+        b->reg_changing = 1;
+        table_unlock();
         CUresult r = register_range(base, len, flags);
-        if (pushed) {
-            CUcontext ignored;
-            drv.cuCtxPopCurrent_v2(&ignored);
-        }
         nvtx_pop();
         stats_add(STAT_REGISTER_NS, shim_now_ns() - t0);
         table_lock();
+        b->reg_changing = 0;
         if (r == CUDA_SUCCESS) {
             b->state = BLOCK_PROMOTED;
             b->reg_base = base;
@@ -358,7 +358,7 @@ int policy_reserve(size_t bytes)
 {
     int ok = 0;
     pthread_mutex_lock(&reg_mutex);
-    if (make_room(bytes, NULL, 0) && nodebudget_reserve(bytes)) {
+    if (make_room(bytes, NULL) && nodebudget_reserve(bytes)) {
         update_registered((int64_t)bytes);
         ok = 1;
     }
@@ -418,19 +418,32 @@ void policy_cache_put(struct block *b)
 int policy_release_range(uintptr_t p, size_t n, int drop_blocks)
 {
     int released = 0;
-    struct release { uintptr_t base, map; size_t len, map_len; CUcontext ctx; int pending, unmap; };
+    struct release { uintptr_t base, map; size_t len, map_len; CUcontext ctx; int pending, unmap; struct block *kept; };
     for (;;) {
         struct block *found[32];
         struct release todo[32];
         size_t ntodo = 0;
         table_lock();
         size_t nfound = table_find_overlapping(p, n, found, 32);
+        struct block *busy = NULL;
+        for (size_t i = 0; i < nfound && !busy; i++)
+            if (found[i]->reg_changing)
+                busy = found[i];
+        if (busy) {
+            /* An eviction is reg_changing it: let that finish, then look again. */
+            table_wait_reg_settled(busy);
+            table_unlock();
+            continue;
+        }
         int progress = 0;
         for (size_t i = 0; i < nfound; i++) {
             struct block *b = found[i];
             if (b->state != BLOCK_PAGEABLE) {
-                todo[ntodo++] = (struct release){b->reg_base, b->map_base, b->reg_len, b->map_len,
-                                                 b->reg_ctx, b->async_pending, 0};
+                todo[ntodo] = (struct release){b->reg_base, b->map_base, b->reg_len, b->map_len,
+                                               b->reg_ctx, b->async_pending, 0, drop_blocks ? NULL : b};
+                ntodo++;
+                if (!drop_blocks)
+                    b->reg_changing = 1;
                 if (b->state == BLOCK_CACHED)
                     cache_unlink(b);
                 b->state = BLOCK_PAGEABLE;
@@ -452,6 +465,11 @@ int policy_release_range(uintptr_t p, size_t n, int drop_blocks)
                 unregister_range(todo[i].base, todo[i].len, todo[i].ctx, todo[i].pending);
                 released++;
             }
+        table_lock();
+        for (size_t i = 0; i < ntodo; i++)
+            if (todo[i].kept)
+                todo[i].kept->reg_changing = 0;
+        table_unlock();
         if (nfound < 32 || !progress)
             break;
     }

@@ -24,16 +24,14 @@ int policy_promotion_enabled(void);
  * say whether to promote it now.  Table lock held. */
 int policy_on_copy(struct block *b, enum copy_dir dir, size_t bytes);
 
-/* Register b (its whole mapping) under the budget, evicting colder registrations first, in
- * context ctx (NULL: the current one).  Called without the table lock, with b->inflight held
- * by the caller (or b freed by the program).  for_cache: b is being freed and would only go to
- * the pinned cache, so only other cached blocks may make room for it.  Returns 1 when b is
- * promoted (now or already), 0 when it stays pageable. */
-int policy_promote(struct block *b, CUcontext ctx, int for_cache);
+/* Register b (its whole mapping) under the budget, evicting colder registrations first, in the
+ * current context.  Called without the table lock, with b->inflight held by the caller.
+ * Returns 1 when b is promoted (now or already), 0 when it stays pageable. */
+int policy_promote(struct block *b);
 
-/* The program frees pageable block b, which carried transfers: is it worth registering now and
- * keeping in the pinned cache for the next allocation of its size?  Table lock held. */
-int policy_worth_caching(const struct block *b);
+/* The program frees pageable block b: did it carry transfers that make its pages worth keeping
+ * for the next allocation of its size (see heap.c)?  Table lock held. */
+int policy_worth_keeping_warm(const struct block *b);
 
 /* Take registered bytes for the shim's own use (staging), evicting if needed; 1 on success. */
 int policy_reserve(size_t bytes);

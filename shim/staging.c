@@ -695,7 +695,7 @@ void staging_shutdown(void)
         }
         return;
     }
-    /* Lanes stay: at exit the process's end releases them, and unregistering then could race
+    /* Lanes stay: at exit the process's end releases them, and reg_changing then could race
      * the driver's own teardown.  Only the threads stop. */
     pthread_mutex_lock(&pool.mu);
     int n = pool.started ? __atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) : 0;

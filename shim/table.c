@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include "real.h"
 #include "shim.h"
 #include "table.h"
@@ -162,6 +163,16 @@ size_t table_find_overlapping(uintptr_t start, size_t len, struct block **out, s
             out[found++] = b;
     }
     return found;
+}
+
+void table_wait_reg_settled(struct block *b)
+{
+    /* Evictions are rare and take milliseconds (reg_changing waits for the device). */
+    while (b->reg_changing) {
+        table_unlock();
+        usleep(100);
+        table_lock();
+    }
 }
 
 size_t table_count(void)

@@ -30,7 +30,6 @@ struct block {
     uintptr_t reg_base;
     size_t reg_len;
     CUcontext reg_ctx;
-    CUcontext last_ctx;       /* the context of its last large copy (for promotion on free) */
     /* hotness, for the policy */
     uint64_t copies;
     uint64_t bytes_moved;
@@ -38,8 +37,11 @@ struct block {
     unsigned inflight;        /* copies running through this block's registration now */
     int async_pending;        /* trusted async copies may still read or write it */
     int no_promote;           /* registration failed for a reason that will not change */
+    int reg_changing;         /* its registration is being made or removed right now (outside
+                               * the table lock): its memory must not go away, nor the program
+                               * register it, until that is done */
     int captured;             /* a captured graph copies through this registration: a replay
-                               * after unregistering would DMA into unpinned memory, so it is
+                               * after reg_changing would DMA into unpinned memory, so it is
                                * never evicted while the program owns it */
     struct block *cache_next; /* cached blocks, most recently freed first */
     struct block *cache_prev;
@@ -73,6 +75,9 @@ void pinned_add(uintptr_t start, size_t len, int host_alloc);
 int pinned_remove(uintptr_t start);          /* 1 if it was there */
 int pinned_contains(uintptr_t p, size_t len); /* 1 if [p, p+len) lies inside one range */
 void pinned_reset(void);
+
+/* Table lock held: wait (lock dropped meanwhile) until b's registration is not changing. */
+void table_wait_reg_settled(struct block *b);
 
 /* After fork the child re-creates the locks. */
 void table_after_fork_child(void);
