@@ -88,6 +88,16 @@ static uintptr_t reuse_retained(size_t len, size_t *got_len)
     return map;
 }
 
+void heap_before_fork(void)
+{
+    pthread_mutex_lock(&retained_mutex);
+}
+
+void heap_after_fork_parent(void)
+{
+    pthread_mutex_unlock(&retained_mutex);
+}
+
 void heap_after_fork_child(void)
 {
     pthread_mutex_init(&retained_mutex, NULL);

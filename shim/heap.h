@@ -25,6 +25,9 @@ void heap_track_mapping(void *p, size_t len, int prot, int flags);
  * (drop != 0) stop tracking blocks there. */
 void heap_before_unmap(void *p, size_t len, int drop);
 
+/* Fork: the retained list must be consistent in the child. */
+void heap_before_fork(void);
+void heap_after_fork_parent(void);
 void heap_after_fork_child(void);
 
 /* Raw page mappings for the shim itself, bypassing the hooks. */

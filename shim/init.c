@@ -15,10 +15,12 @@
 static void before_fork(void)
 {
     table_lock();
+    heap_before_fork();
 }
 
 static void after_fork_parent(void)
 {
+    heap_after_fork_parent();
     table_unlock();
 }
 

@@ -478,9 +478,14 @@ int policy_release_range(uintptr_t p, size_t n, int drop_blocks)
 
 void policy_forget_registrations(void)
 {
+    /* In a fork child: the threads that held reg_mutex, or were changing a registration, do not
+     * exist here, and nothing in the child will ever register. */
+    pthread_mutex_init(&reg_mutex, NULL);
     table_lock();
     struct block *b, *tmp;
     TABLE_FOREACH(b, tmp) {
+        b->reg_changing = 0;
+        b->inflight = 0;
         if (b->state == BLOCK_CACHED) {
             cache_unlink(b);
             b->state = BLOCK_PROMOTED; /* freed by the program: the heap frees it below */

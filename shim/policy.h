@@ -51,7 +51,8 @@ struct block *policy_cache_take(size_t n, size_t align);
 /* The program freed promoted block b (table lock held): keep it registered in the cache. */
 void policy_cache_put(struct block *b);
 
-/* Drop what the shim knows about registrations (the child after fork, a context reset). */
+/* Drop what the shim knows about registrations and registrations in progress (the child after
+ * fork). */
 void policy_forget_registrations(void);
 
 /* Unregister one block's registration (push its context); b is no longer visible to copies. */

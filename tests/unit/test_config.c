@@ -180,7 +180,8 @@ static void test_defaults(void)
     CHECK(shim_cfg.reg_cost_resident == 45000);
     CHECK(shim_cfg.reg_cost_fault == 360000);
     CHECK(!shim_cfg.trust_async && !shim_cfg.calibrate && shim_cfg.nvtx);
-    CHECK(shim_cfg.callsite_min == 1 * MB);
+    CHECK(shim_cfg.callsite_min == 64 * MB);
+    CHECK(!shim_cfg.rewrite_always);
     CHECK(shim_cfg.log_level == 0);
     CHECK(shim_cfg.report[0] == '\0' && shim_cfg.stats[0] == '\0');
 
