@@ -52,11 +52,13 @@ int main(void)
     int hung = 0, bad = 0;
     for (int round = 0; round < 40; round++) {
         usleep(2000 + (unsigned)round * 97);
-        unsigned long unregisters = fakecuda_calls("cuMemHostUnregister");
-        unsigned long registers = fakecuda_calls("cuMemHostRegister_v2");
         pid_t pid = fork();
         if (pid == 0) {
-            /* The child: free what the parent's threads were using; no driver calls. */
+            /* The child: free what the parent's threads were using; no driver calls.  The
+             * counters are read here: the parent's other thread may call the driver up to the
+             * moment of the fork. */
+            unsigned long unregisters = fakecuda_calls("cuMemHostUnregister");
+            unsigned long registers = fakecuda_calls("cuMemHostRegister_v2");
             free(shared_block);
             free(other);
             void *p = malloc(N);
