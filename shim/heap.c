@@ -145,7 +145,14 @@ void *heap_alloc(size_t n, size_t align, int zero)
     b->origin = ORIGIN_HEAP;
     b->state = BLOCK_PAGEABLE;
     b->prot = PROT_READ | PROT_WRITE;
-    table_insert(b);
+    if (table_insert(b) != 0) {
+        /* An untracked heap block could not be freed later: fail this allocation instead. */
+        block_delete(b);
+        table_unlock();
+        heap_raw_unmap(map, map_len);
+        errno = ENOMEM;
+        return NULL;
+    }
     table_unlock();
     /* Fresh anonymous pages are already zero. */
     return (void *)base;
@@ -244,7 +251,8 @@ void heap_track_mapping(void *p, size_t len, int prot, int flags)
         b->origin = ORIGIN_MMAP;
         b->state = BLOCK_PAGEABLE;
         b->prot = prot;
-        table_insert(b);
+        if (table_insert(b) != 0)
+            block_delete(b); /* the program's mapping then simply stays untracked */
     }
     table_unlock();
 }

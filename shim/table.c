@@ -109,15 +109,16 @@ static void uthash_raw_free(void *p)
 #define uthash_free(ptr, sz) uthash_raw_free(ptr)
 #define uthash_fatal(msg) abort()
 
-void table_insert(struct block *b)
+int table_insert(struct block *b)
 {
     if (sorted_reserve() != 0)
-        return;
+        return -1;
     size_t i = lower_bound(b->map_base);
     memmove(&sorted[i + 1], &sorted[i], (sorted_len - i) * sizeof *sorted);
     sorted[i] = b;
     sorted_len++;
     HASH_ADD(hh, table_head, base, sizeof(uintptr_t), b);
+    return 0;
 }
 
 void table_remove(struct block *b)

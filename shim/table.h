@@ -53,7 +53,8 @@ struct block {
 void table_lock(void);
 void table_unlock(void);
 
-void table_insert(struct block *b);
+/* 0 on success, -1 when the index cannot grow (the block is then not tracked). */
+int table_insert(struct block *b);
 void table_remove(struct block *b);
 struct block *table_find_base(uintptr_t base);
 /* The block whose mapping holds address p, or NULL. */
