@@ -205,14 +205,6 @@ static void unregister_range(uintptr_t base, size_t len, CUcontext ctx, int asyn
     nodebudget_release(len);
 }
 
-void policy_unregister(struct block *b)
-{
-    unregister_range(b->reg_base, b->reg_len, b->reg_ctx, b->async_pending);
-    b->reg_base = 0;
-    b->reg_len = 0;
-    b->async_pending = 0;
-}
-
 /* Make room for `need` more registered bytes.  reg_mutex held, table lock not held.  Cached
  * blocks go first (least recently freed first), then promoted blocks idle for long enough,
  * least recently used first, never `keep`. */

@@ -55,7 +55,4 @@ void policy_cache_put(struct block *b);
  * fork). */
 void policy_forget_registrations(void);
 
-/* Unregister one block's registration (push its context); b is no longer visible to copies. */
-void policy_unregister(struct block *b);
-
 #endif

@@ -252,14 +252,6 @@ int pinned_contains(uintptr_t p, size_t len)
     return found;
 }
 
-void pinned_reset(void)
-{
-    pthread_mutex_lock(&pinned_mutex);
-    pinned_len = 0;
-    __atomic_add_fetch(&pinned_generation, 1, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&pinned_mutex);
-}
-
 void table_after_fork_child(void)
 {
     pthread_mutex_init(&table_mutex, NULL);

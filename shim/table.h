@@ -75,7 +75,6 @@ void block_delete(struct block *b);
 void pinned_add(uintptr_t start, size_t len, int host_alloc);
 int pinned_remove(uintptr_t start);          /* 1 if it was there */
 int pinned_contains(uintptr_t p, size_t len); /* 1 if [p, p+len) lies inside one range */
-void pinned_reset(void);
 
 /* Table lock held: wait (lock dropped meanwhile) until b's registration is not changing. */
 void table_wait_reg_settled(struct block *b);
