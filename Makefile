@@ -65,6 +65,16 @@ $(BUILD)/bench/cpu_%: bench/cpu_%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_COMMON) -O2 -o $@ $< -ldl -lrt -lm
 
+# The copy-overhead benchmark runs against a driver that does nothing (bench/null_driver.c).
+NULL_DRIVER := $(BUILD)/nulldrv/libcuda.so.1
+$(NULL_DRIVER): bench/null_driver.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $<
+
+$(BUILD)/bench/cpu_copy_overhead: bench/cpu_copy_overhead.c $(NULL_DRIVER)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_COMMON) -O2 -o $@ $< -L$(BUILD)/nulldrv -l:libcuda.so.1 -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/../nulldrv' -ldl -lrt -lm
+
 $(BUILD)/bench/drv_%: bench/drv_%.c $(FAKE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(TEST_CFLAGS) -o $@ $< -L$(BUILD)/fakecuda -lcuda -ldl -lrt -lm

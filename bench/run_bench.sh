@@ -14,6 +14,12 @@
 #
 # Settings (environment):
 #   BENCH_REPS=3        A/B pairs per benchmark (the sweep uses BENCH_SWEEP_REPS=2)
+#   BENCH_LATENCY_REPS=12  A/B pairs of the small-copy latency benchmark: a process's medians
+#                       vary by several percent from one run to the next, more than the 3%
+#                       the target allows, so it needs many short pairs
+#   BENCH_LATENCY_CPU=N    the CPU both sides of the latency benchmark run on (taskset); by
+#                       default the last CPU local to the GPU, so that neither side depends on
+#                       where the scheduler happens to put it; "none" leaves it to the scheduler
 #   BENCH_ONLY=a,b      run only these groups: sweep loop latency staging train drv two torch
 #                       cupy ab malloc
 #   BENCH_QUICK=1       small sizes and few repetitions: a smoke run, not a measurement
@@ -51,14 +57,15 @@ printf 'case\tside\trep\trc\tseconds\tstdout\tstderr\tstats\tcommand\n' >"$MANIF
 if [ "$QUICK" = 1 ]; then
     SWEEP_ARGS="--min 4K --max 64M --factor 4 --reps 3"
     BIG=32M; LOOP_ITERS=5; BATCH=16M; RESULT=4M; STEPS=10; TSIZE=64M; TREPS=3; DL_BATCHES=5
-    REPS=1; SWEEP_REPS=1; AB_RUNS=1
+    REPS=1; SWEEP_REPS=1; AB_RUNS=1; LATENCY_REPS=1
 else
     SWEEP_ARGS="--min 4K --max 1G --factor 2 --reps 5"
     BIG=256M; LOOP_ITERS=50; BATCH=64M; RESULT=16M; STEPS=50; TSIZE=512M; TREPS=10; DL_BATCHES=30
-    AB_RUNS=3
+    AB_RUNS=3; LATENCY_REPS=12
 fi
 
 SWEEP_ARGS=${BENCH_SWEEP_ARGS:-$SWEEP_ARGS}
+LATENCY_REPS=${BENCH_LATENCY_REPS:-$LATENCY_REPS}
 
 log() { echo "[bench] $*" | tee -a "$LOG" >&2; }
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
@@ -137,7 +144,9 @@ run_case() {
     return 0
 }
 
-# ab CASE REPS [shim VAR=VALUE ...] -- CMD: plain and shim alternately, REPS pairs.
+# ab CASE REPS [shim VAR=VALUE ...] -- CMD: plain and shim alternately, REPS pairs, the order
+# swapped every other pair (plain-shim, shim-plain, ...) so that neither side always runs right
+# after the other's process has torn its GPU context down.
 # Stops early when the first plain run skips (exit 77: torch/cupy missing).
 ab() {
     local name=$1 reps=$2
@@ -147,6 +156,11 @@ ab() {
     shift
     log "$name: $*"
     for ((r = 1; r <= reps; r++)); do
+        if ((r % 2 == 0)); then
+            run_case "$name" shim "$r" "${envs[@]}" -- "$@"
+            run_case "$name" plain "$r" -- "$@"
+            continue
+        fi
         run_case "$name" plain "$r" -- "$@"
         if [ $r = 1 ] && [ "$(tail -n 1 "$MANIFEST" | cut -f4)" = 77 ]; then
             return 0
@@ -237,8 +251,27 @@ if want loop && have gpu_bandwidth; then
         ab loop_static "$REPS" -- "$BIN/gpu_bandwidth_static" --mode loop --kind pageable --size $BIG --iters $LOOP_ITERS
     fi
 fi
+# The last CPU of the GPU's NUMA node (from sysfs; the first CPU takes more of the interrupts),
+# or nothing.
+gpu_local_cpu() {
+    local bus dev list
+    bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-F' 'a-f')
+    [ -n "$bus" ] || return 0
+    dev=/sys/bus/pci/devices/${bus#0000}
+    [ -e "$dev" ] || dev=/sys/bus/pci/devices/${bus:4}
+    list=$(cat "$dev/local_cpulist" 2>/dev/null) || return 0
+    list=${list##*,}
+    echo "${list##*-}"
+}
 if want latency && have gpu_bandwidth; then
-    ab latency "$REPS" -- "$BIN/gpu_bandwidth" --mode latency --sizes 4K,16K,64K --count 2000
+    lat_cpu=${BENCH_LATENCY_CPU:-$(gpu_local_cpu)}
+    lat_pin=()
+    if [ -n "$lat_cpu" ] && [ "$lat_cpu" != none ] && command -v taskset >/dev/null; then
+        lat_pin=(taskset -c "$lat_cpu")
+        log "latency: both sides run on CPU $lat_cpu"
+        echo "latency_cpu=$lat_cpu" >>"$OUT/env.txt"
+    fi
+    ab latency "$LATENCY_REPS" -- "${lat_pin[@]}" "$BIN/gpu_bandwidth" --mode latency --sizes 4K,16K,64K --count 5000
 fi
 if want staging && have gpu_bandwidth; then
     ab staging "$REPS" PINSHIM_BUDGET="$STAGING_BUDGET" -- "$BIN/gpu_bandwidth" --mode staging --size $BIG

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# run_malloc_bench.sh BUILD [OUTDIR]: what the shim's allocation hooks add to malloc/free.
+# run_malloc_bench.sh BUILD [OUTDIR]: what the shim's hooks add to malloc/free and to one small
+# copy.
 #
-# Runs BUILD/bench/cpu_malloc_overhead without the shim, then with LD_PRELOAD=BUILD/libpinshim.so
-# in PINSHIM_MODE=observe and full, and prints the median ns per operation of each and the cost
-# the shim adds.  CPU only; no GPU or driver needed.  Asserts nothing about timings: the exit
+# Runs BUILD/bench/cpu_malloc_overhead and BUILD/bench/cpu_copy_overhead (against the null driver,
+# whose copies return at once) without the shim, then with LD_PRELOAD=BUILD/libpinshim.so in
+# PINSHIM_MODE=observe and full, and prints the median ns per operation of each and the cost the
+# shim adds.  CPU only; no GPU or driver needed.  Asserts nothing about timings: the exit
 # status is non-zero only if a run fails.  With OUTDIR, the raw output of each run is kept there
 # (malloc.<variant>.txt) with a table malloc_overhead.md.
 # Extra arguments for the benchmark: MALLOC_BENCH_ARGS (e.g. --quick).
@@ -11,6 +13,7 @@ set -u
 BUILD=${1:-build}
 OUTDIR=${2:-}
 BIN=$BUILD/bench/cpu_malloc_overhead
+COPY_BIN=$BUILD/bench/cpu_copy_overhead
 LIB=$BUILD/libpinshim.so
 ARGS=${MALLOC_BENCH_ARGS:-}
 
@@ -33,13 +36,16 @@ fi
 rc=0
 for v in $variants; do
     # shellcheck disable=SC2086 # ARGS is a list of words
-    if [ "$v" = plain ]; then
-        env -u LD_PRELOAD "$BIN" $ARGS >"$tmp/$v.txt" 2>"$tmp/$v.err"
-    else
-        env LD_PRELOAD="$LIB${LD_PRELOAD:+:$LD_PRELOAD}" PINSHIM_MODE="$v" PINSHIM_STATS= PINSHIM_REPORT= \
-            "$BIN" $ARGS >"$tmp/$v.txt" 2>"$tmp/$v.err"
-    fi
-    r=$?
+    r=0
+    for prog in "$BIN" "$COPY_BIN"; do
+        [ -x "$prog" ] || continue
+        if [ "$v" = plain ]; then
+            env -u LD_PRELOAD "$prog" $ARGS >>"$tmp/$v.txt" 2>>"$tmp/$v.err" || r=$?
+        else
+            env LD_PRELOAD="$LIB${LD_PRELOAD:+:$LD_PRELOAD}" PINSHIM_MODE="$v" PINSHIM_STATS= PINSHIM_REPORT= \
+                "$prog" $ARGS >>"$tmp/$v.txt" 2>>"$tmp/$v.err" || r=$?
+        fi
+    done
     if [ $r -ne 0 ]; then
         echo "run_malloc_bench: the $v run failed (exit $r):" >&2
         tail -n 5 "$tmp/$v.err" >&2
@@ -58,7 +64,7 @@ fi
 # shellcheck disable=SC2086
 awk -v variants="$variants" '
     BEGIN { nv = split(variants, V, " ") }
-    /^RESULT bench=malloc_overhead/ {
+    /^RESULT bench=(malloc|copy)_overhead/ {
         n = split(FILENAME, p, "/"); v = p[n]; sub(/\.txt$/, "", v)
         test = ""; size = ""; med = ""
         for (i = 2; i <= NF; i++) {
@@ -72,8 +78,8 @@ awk -v variants="$variants" '
         val[key, v] = med
     }
     END {
-        hdr = sprintf("| %-13s | %9s | %10s", "test", "size (B)", "plain ns")
-        sep = "|---------------|-----------|------------"
+        hdr = sprintf("| %-17s | %9s | %10s", "test", "size (B)", "plain ns")
+        sep = "|-------------------|-----------|------------"
         for (j = 2; j <= nv; j++) {
             hdr = hdr sprintf(" | %10s | %10s", V[j] " ns", "added ns")
             sep = sep "|------------|------------"
@@ -82,7 +88,7 @@ awk -v variants="$variants" '
         for (k = 1; k <= nk; k++) {
             split(order[k], ts, " ")
             base = val[order[k], "plain"]
-            line = sprintf("| %-13s | %9s | %10s", ts[1], ts[2], base == "" ? "-" : sprintf("%.1f", base))
+            line = sprintf("| %-17s | %9s | %10s", ts[1], ts[2], base == "" ? "-" : sprintf("%.1f", base))
             for (j = 2; j <= nv; j++) {
                 x = val[order[k], V[j]]
                 if (x == "") line = line sprintf(" | %10s | %10s", "-", "-")
@@ -93,7 +99,8 @@ awk -v variants="$variants" '
         }
     }' $files >"$tmp/table.md"
 
-echo "malloc/free cost, median ns per operation (pair = one malloc + one free):"
+echo "malloc/free and small-copy cost, median ns per operation (pair = one malloc + one free;"
+echo "copy_* = one sync copy against a driver that returns at once):"
 cat "$tmp/table.md"
 [ -n "$OUTDIR" ] && cp "$tmp/table.md" "$OUTDIR/malloc_overhead.md"
 exit $rc

@@ -85,6 +85,17 @@ def f2(x, suffix=""):
     return "-" if x is None else f"{x:.2f}{suffix}"
 
 
+def quartile(values):
+    """The lower quartile (25th percentile, interpolated) of values, or None."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * 0.25
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
 def ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
@@ -130,6 +141,16 @@ class Data:
                 if r["case"] == case and r["side"] == side and metric in r
                 and isinstance(r[metric], (int, float))
                 and all(r.get(k) == v for k, v in match.items())]
+
+    def pair_ratios(self, case, metric, **match):
+        """shim / plain of the same repetition, for every pair where both ran."""
+        by_rep = {}
+        for r in self.records:
+            if (r["case"] == case and metric in r and isinstance(r[metric], (int, float))
+                    and all(r.get(k) == v for k, v in match.items())):
+                by_rep.setdefault(r["rep"], {})[r["side"]] = r[metric]
+        return [v["shim"] / v["plain"] for v in by_rep.values()
+                if "shim" in v and "plain" in v and v["plain"] > 0]
 
     def med(self, case, side, metric, **match):
         v = self.values(case, side, metric, **match)
@@ -398,11 +419,27 @@ def main(argv):
             a = d.med("latency", "plain", "us_median", bytes=n, kind=kind, dir=dr)
             b = d.med("latency", "shim", "us_median", bytes=n, kind=kind, dir=dr)
             x = ratio(b, a)
-            rows.append([fmt_size(n), kind, dr.upper(), f2(a), f2(b), "-" if x is None else f"{x:.3f}"])
+            pr = d.pair_ratios("latency", "us_median", bytes=n, kind=kind, dir=dr)
+            spread = f"{min(pr):.3f}..{max(pr):.3f}" if pr else "-"
+            qa = quartile(d.values("latency", "plain", "us_median", bytes=n, kind=kind, dir=dr))
+            qb = quartile(d.values("latency", "shim", "us_median", bytes=n, kind=kind, dir=dr))
+            qx = ratio(qb, qa)
+            rows.append([fmt_size(n), kind, dr.upper(), f2(a), f2(b), "-" if x is None else f"{x:.3f}",
+                         "-" if qx is None else f"{qx:.3f}", str(len(pr)), spread])
             if x is not None and (worst is None or x > worst[0]):
                 worst = (x, f"{fmt_size(n)} {kind} {dr.upper()}")
         if rows:
-            body.append(table(["size", "host memory", "dir", "without shim", "with shim", "ratio"], rows))
+            body.append(table(["size", "host memory", "dir", "without shim", "with shim", "ratio",
+                               "ratio of lower quartiles", "pairs", "pair ratios min..max"], rows))
+            body.append("")
+            body.append("Each run's figure is the median of its copies; the table shows the median over "
+                        "the runs of each side (and the ratio of the runs' lower quartiles). A pair is "
+                        "one run without and one with the shim, one after the other (the order swapped "
+                        "every other pair). A run's copies are mostly all fast or all about 1 us "
+                        "slower (a state of the whole process, seen without the shim too, whose "
+                        "frequency drifted between runs of the same build), so the medians depend "
+                        "on how many runs of each side land in the slow state: hence many short "
+                        "pairs; the lower quartiles compare the fast states.")
         else:
             body.append(f"Not measured ({d.why_missing('latency')}).")
         body.append("")
@@ -549,14 +586,16 @@ def main(argv):
         body.append("")
 
     # ---------------------------------------------------------------- malloc
-    body.append("## malloc/free cost (CPU), median ns per operation")
+    body.append("## malloc/free and small-copy cost of the hooks (CPU), median ns per operation")
     body.append("")
     mtab = os.path.join(outdir, "malloc", "malloc_overhead.md")
     if os.path.isfile(mtab):
         with open(mtab, encoding="utf-8") as f:
             body.append(f.read().rstrip())
         body.append("")
-        body.append("(\"added\" = with the shim preloaded minus without; no target, shown for the record.)")
+        body.append("(\"added\" = with the shim preloaded minus without; no target, shown for the record. "
+                    "copy_* rows: one sync copy against bench/null_driver, whose copies return at "
+                    "once, so the added time is all the shim's own work on a small copy.)")
     else:
         body.append("Not measured (bench/run_malloc_bench.sh produced no table).")
     body.append("")

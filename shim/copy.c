@@ -138,13 +138,14 @@ static enum copy_dir memtype_dir(CUmemorytype dst, const void *dst_host, CUdevic
 
 /* ---- stats ------------------------------------------------------------------------------- */
 
+/* t0: shim_ticks() when the copy began. */
 static void record(enum copy_dir dir, enum mem_kind kind, size_t bytes, uint64_t t0, int is_async)
 {
     struct copy_record r = {
         .dir = dir,
         .kind = kind,
         .bytes = bytes,
-        .ns = shim_now_ns() - t0,
+        .ns = shim_ns_since(t0),
         .is_async = is_async,
         .host_blocked = !is_async || kind == MEM_PAGEABLE || kind == MEM_STAGED ||
                         (kind == MEM_PROMOTED && !shim_cfg.trust_async),
@@ -273,7 +274,7 @@ static int rewrite_sync(const struct call1d *c, enum copy_dir dir, CUresult *r)
 
 static CUresult route_1d(struct call1d *c)
 {
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_ticks();
     enum hook_flavour flavour = hook_table[c->id].flavour;
     int async = is_async_op(c->op);
     enum copy_dir dir;
@@ -311,7 +312,7 @@ static CUresult route_1d(struct call1d *c)
     } else if (kind == MEM_PINNED || kind == MEM_PROMOTED) {
         if (!async) {
             int candidate = shim_cfg.mode == MODE_FULL && flavour == LEGACY && c->n >= shim_cfg.rewrite_min;
-            int concurrent = candidate && sync_copy_begin(t0);
+            int concurrent = candidate && sync_copy_begin(shim_now_ns());
             if (!(concurrent && rewrite_sync(c, dir, &r) == 0))
                 r = call_original(c);
             if (candidate)
@@ -394,7 +395,7 @@ static CUresult count_device_copy(size_t n, int is_async, int peer, uint64_t t0)
 
 CUresult on_dtod(enum hook_id id, CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_ticks();
     CUresult r = ((PFN_cuMemcpyDtoD_v3020)real_hook[id])(dst, src, n);
     if (copy_engaged())
         count_device_copy(n, 0, 0, t0);
@@ -403,7 +404,7 @@ CUresult on_dtod(enum hook_id id, CUdeviceptr dst, CUdeviceptr src, size_t n)
 
 CUresult on_dtod_async(enum hook_id id, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_ticks();
     CUresult r = ((PFN_cuMemcpyDtoDAsync_v3020)real_hook[id])(dst, src, n, s);
     if (copy_engaged())
         count_device_copy(n, 1, 0, t0);
@@ -413,7 +414,7 @@ CUresult on_dtod_async(enum hook_id id, CUdeviceptr dst, CUdeviceptr src, size_t
 CUresult on_peer(enum hook_id id, CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
                  CUcontext src_ctx, size_t n)
 {
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_ticks();
     CUresult r = ((PFN_cuMemcpyPeer_v4000)real_hook[id])(dst, dst_ctx, src, src_ctx, n);
     if (copy_engaged())
         count_device_copy(n, 0, 1, t0);
@@ -423,7 +424,7 @@ CUresult on_peer(enum hook_id id, CUdeviceptr dst, CUcontext dst_ctx, CUdevicept
 CUresult on_peer_async(enum hook_id id, CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
                        CUcontext src_ctx, size_t n, CUstream s)
 {
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_ticks();
     CUresult r = ((PFN_cuMemcpyPeerAsync_v4000)real_hook[id])(dst, dst_ctx, src, src_ctx, n, s);
     if (copy_engaged())
         count_device_copy(n, 1, 1, t0);
@@ -456,7 +457,7 @@ static CUresult call_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, int
 
 static CUresult route_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, int async)
 {
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_ticks();
     enum hook_flavour flavour = hook_table[id].flavour;
     enum copy_dir dir = memtype_dir(p->dstMemoryType, p->dstHost, p->dstDevice, p->srcMemoryType,
                                     p->srcHost, p->srcDevice);
@@ -486,7 +487,7 @@ static CUresult route_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, in
     } else if (kind == MEM_PINNED || kind == MEM_PROMOTED) {
         struct shim_stream *ss;
         int candidate = !async && shim_cfg.mode == MODE_FULL && flavour == LEGACY && bytes >= shim_cfg.rewrite_min;
-        int concurrent = candidate && sync_copy_begin(t0);
+        int concurrent = candidate && sync_copy_begin(shim_now_ns());
         if (concurrent && (ss = streams_current()) && streams_order_after(ss, 0, LEGACY) == 0 &&
             ((PFN_cuMemcpy2DAsync_v3020)real_hook[HOOK_cuMemcpy2DAsync_v2])(p, ss->stream) == CUDA_SUCCESS) {
             r = drv.cuStreamSynchronize(ss->stream);
@@ -552,7 +553,7 @@ static CUresult call_3d(enum hook_id id, const CUDA_MEMCPY3D *p, CUstream s, int
 /* 3D copies: promotion and pageable semantics as for 1D, no staging, no rewrite. */
 static CUresult route_3d(enum hook_id id, const CUDA_MEMCPY3D *p, CUstream s, int async)
 {
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_ticks();
     enum copy_dir dir = memtype_dir(p->dstMemoryType, p->dstHost, p->dstDevice, p->srcMemoryType,
                                     p->srcHost, p->srcDevice);
     size_t bytes = p->WidthInBytes * p->Height * p->Depth;
@@ -614,7 +615,7 @@ static enum copy_dir peer3d_dir(const CUDA_MEMCPY3D_PEER *p)
 
 CUresult on_3dpeer(enum hook_id id, const CUDA_MEMCPY3D_PEER *p)
 {
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_ticks();
     CUresult r = ((PFN_cuMemcpy3DPeer_v4000)real_hook[id])(p);
     if (copy_engaged() && p) {
         shim_enter();
@@ -628,7 +629,7 @@ CUresult on_3dpeer(enum hook_id id, const CUDA_MEMCPY3D_PEER *p)
 
 CUresult on_3dpeer_async(enum hook_id id, const CUDA_MEMCPY3D_PEER *p, CUstream s)
 {
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_ticks();
     CUresult r = ((PFN_cuMemcpy3DPeerAsync_v4000)real_hook[id])(p, s);
     if (copy_engaged() && p) {
         shim_enter();

@@ -21,6 +21,7 @@
             return CUDA_ERROR_NOT_INITIALIZED;                                          \
         if (SHIM_UNLIKELY(!real_hook[HOOK_##sym]))                                      \
             return CUDA_ERROR_NOT_FOUND;                                                \
+        stats_count_entry(HOOK_##sym);                                                  \
         return handler(HOOK_##sym, HOOK_UNPACK args);                                   \
     }
 #include "hooks.def"

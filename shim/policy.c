@@ -119,6 +119,10 @@ int policy_on_copy(struct block *b, enum copy_dir dir, size_t bytes)
     b->last_use_ns = now;
     if (b->no_promote || b->reg_changing || b->state != BLOCK_PAGEABLE)
         return 0;
+    /* Promotion switched off for good (no registration, budget 0, a device that reads pageable
+     * memory itself): no cost model and no mincore on every copy. */
+    if (__atomic_load_n(&promotion_state, __ATOMIC_ACQUIRE) < 0)
+        return 0;
     if (b->map_len > shim_cfg.budget)
         return 0;
     if (!(b->prot & PROT_WRITE) && (!read_only_supported || dir != DIR_H2D))

@@ -29,6 +29,23 @@ static inline uint64_t shim_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The copy path's cheap clock (clock.c): CPU ticks where the TSC is invariant, else
+ * nanoseconds.  Differences of ticks become nanoseconds through shim_ticks_to_ns(). */
+extern int shim_tsc_ok;
+uint64_t shim_ticks_to_ns(uint64_t ticks);
+#if defined(__x86_64__)
+#include <x86intrin.h>
+static inline uint64_t shim_ticks(void) { return shim_tsc_ok ? __rdtsc() : shim_now_ns(); }
+#else
+static inline uint64_t shim_ticks(void) { return shim_now_ns(); }
+#endif
+/* Nanoseconds since `t0` (a shim_ticks() value); 0 if the clock went backwards (another CPU). */
+static inline uint64_t shim_ns_since(uint64_t t0)
+{
+    uint64_t t = shim_ticks();
+    return t > t0 ? shim_ticks_to_ns(t - t0) : 0;
+}
+
 #define SHIM_PAGE_SIZE 4096ul
 static inline uintptr_t page_down(uintptr_t a) { return a & ~(SHIM_PAGE_SIZE - 1); }
 static inline uintptr_t page_up(uintptr_t a) { return (a + SHIM_PAGE_SIZE - 1) & ~(SHIM_PAGE_SIZE - 1); }

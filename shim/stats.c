@@ -1,11 +1,14 @@
 /* Transfer statistics: counters, size histogram, call sites; the text report and the JSON file.
  *
- * The copy path only does relaxed atomic adds.  Call sites cost a backtrace, so only large copies
- * and a sample of small ones pay it; they live in a uthash table under a mutex.  The writers
+ * The copy path adds to its own thread's counters with plain stores (no locked instructions: a
+ * small copy's whole overhead is a few of them); readers sum the live threads' counters and what
+ * exited threads left behind.  Call sites cost a backtrace, so only large copies and a sample of
+ * small ones pay it; they live in a uthash table under a mutex.  The writers
  * format into a fixed buffer and write(2) it, so producing the output allocates nothing. */
 #define _GNU_SOURCE
 #include "stats.h"
 #include "config.h"
+#include "hooks.h"
 #include "log.h"
 #include "nodebudget.h"
 #include "shim.h"
@@ -16,6 +19,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,9 +41,24 @@ static const char *const kind_actions[MEM_KIND_COUNT] = {
 
 /* ---- counters ---- */
 
-static struct dir_totals dir_sums[DIR_COUNT];
-static struct dir_totals kind_sums[MEM_KIND_COUNT];
-static struct dir_totals hist_sums[STATS_HIST_BUCKETS];
+/* The per-copy counters of one thread.  Only the owner writes them (load, add, store: no lock
+ * prefix); a reader may see a count a copy or two behind, never a torn value. */
+struct stats_shard {
+    struct dir_totals dir[DIR_COUNT];
+    struct dir_totals kind[MEM_KIND_COUNT];
+    struct dir_totals hist[STATS_HIST_BUCKETS];
+    uint64_t entry_calls[HOOK_COUNT];
+    struct stats_shard *next;   /* in live_shards */
+    int linked;
+};
+static __thread struct stats_shard my_shard;
+static struct stats_shard *live_shards;
+static struct stats_shard retired;   /* the sums of threads that have exited */
+static pthread_mutex_t shards_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_key_t shard_key;
+static int shard_key_made;
+static pthread_once_t shard_once = PTHREAD_ONCE_INIT;
+
 static uint64_t counters[STAT_COUNTER_COUNT];
 static uint64_t registered_now, registered_peak;
 
@@ -50,9 +69,97 @@ static int disabled_claimed, disabled_ready;
 static inline void add_relaxed(uint64_t *p, uint64_t v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 static inline uint64_t load_relaxed(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 
-static struct dir_totals load_totals(const struct dir_totals *t)
+static inline void bump(uint64_t *p, uint64_t v)
 {
-    return (struct dir_totals){ load_relaxed(&t->count), load_relaxed(&t->bytes), load_relaxed(&t->ns) };
+    __atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
+}
+
+/* A thread's counters are folded into `retired` when it exits; the key's destructor runs then. */
+static void retire_shard(void *arg)
+{
+    struct stats_shard *sh = arg;
+    pthread_mutex_lock(&shards_lock);
+    for (struct stats_shard **pp = &live_shards; *pp; pp = &(*pp)->next) {
+        if (*pp != sh)
+            continue;
+        *pp = sh->next;
+        break;
+    }
+    uint64_t *from = (uint64_t *)sh, *to = (uint64_t *)&retired;
+    for (size_t i = 0; i < offsetof(struct stats_shard, next) / sizeof(uint64_t); i++) {
+        add_relaxed(&to[i], load_relaxed(&from[i]));
+        __atomic_store_n(&from[i], 0, __ATOMIC_RELAXED);
+    }
+    sh->next = NULL;
+    sh->linked = 0;   /* a copy made by a later destructor of this thread links it again */
+    pthread_mutex_unlock(&shards_lock);
+}
+
+static void make_shard_key(void)
+{
+    shard_key_made = pthread_key_create(&shard_key, retire_shard) == 0;
+}
+
+/* Another thread may hold shards_lock when this one forks: the child gets it unlocked. */
+static void shards_prefork(void) { pthread_mutex_lock(&shards_lock); }
+static void shards_postfork(void) { pthread_mutex_unlock(&shards_lock); }
+
+__attribute__((constructor)) static void shards_setup(void)
+{
+    pthread_atfork(shards_prefork, shards_postfork, shards_postfork);
+}
+
+/* Link this thread's counters, or answer `retired` (shared, atomic adds) when its exit could
+ * not be caught: a linked shard must be unlinked before its thread's memory goes away. */
+static __attribute__((noinline)) struct stats_shard *link_shard(struct stats_shard *sh)
+{
+    shim_enter();   /* pthread_setspecific may allocate */
+    pthread_once(&shard_once, make_shard_key);
+    int ok = shard_key_made && pthread_setspecific(shard_key, sh) == 0;
+    if (ok) {
+        pthread_mutex_lock(&shards_lock);
+        sh->next = live_shards;
+        live_shards = sh;
+        sh->linked = 1;
+        pthread_mutex_unlock(&shards_lock);
+    }
+    shim_leave();
+    return ok ? sh : &retired;
+}
+
+static inline struct stats_shard *shard(void)
+{
+    struct stats_shard *sh = &my_shard;
+    return SHIM_LIKELY(sh->linked) ? sh : link_shard(sh);
+}
+
+/* Add to a counter of `sh`: plainly in the thread's own shard, atomically in the shared one. */
+static inline void shard_add(struct stats_shard *sh, uint64_t *p, uint64_t v)
+{
+    if (SHIM_LIKELY(sh != &retired))
+        bump(p, v);
+    else
+        add_relaxed(p, v);
+}
+
+/* The sum over all threads, live and exited, of the uint64 counters at `offset` in a shard. */
+static void sum_shards(size_t offset, uint64_t *out, size_t n)
+{
+    memset(out, 0, n * sizeof *out);
+    pthread_mutex_lock(&shards_lock);
+    for (struct stats_shard *sh = &retired; sh; sh = sh == &retired ? live_shards : sh->next) {
+        const uint64_t *v = (const uint64_t *)((const char *)sh + offset);
+        for (size_t i = 0; i < n; i++)
+            out[i] += load_relaxed(&v[i]);
+    }
+    pthread_mutex_unlock(&shards_lock);
+}
+
+static struct dir_totals sum_totals(size_t offset)
+{
+    uint64_t v[3];
+    sum_shards(offset, v, 3);
+    return (struct dir_totals){ v[0], v[1], v[2] };
 }
 
 unsigned stats_hist_index(uint64_t bytes)
@@ -69,28 +176,37 @@ struct dir_totals stats_hist(unsigned index)
 {
     if (index >= STATS_HIST_BUCKETS)
         return (struct dir_totals){ 0, 0, 0 };
-    return load_totals(&hist_sums[index]);
+    return sum_totals(offsetof(struct stats_shard, hist) + index * sizeof(struct dir_totals));
 }
 
 void stats_record_copy(const struct copy_record *r)
 {
     if ((unsigned)r->dir >= DIR_COUNT || (unsigned)r->kind >= MEM_KIND_COUNT)
         return;
-    add_relaxed(&dir_sums[r->dir].count, 1);
-    add_relaxed(&dir_sums[r->dir].bytes, r->bytes);
-    add_relaxed(&dir_sums[r->dir].ns, r->ns);
-    add_relaxed(&kind_sums[r->kind].count, 1);
-    add_relaxed(&kind_sums[r->kind].bytes, r->bytes);
-    add_relaxed(&kind_sums[r->kind].ns, r->ns);
+    struct stats_shard *sh = shard();
+    shard_add(sh, &sh->dir[r->dir].count, 1);
+    shard_add(sh, &sh->dir[r->dir].bytes, r->bytes);
+    shard_add(sh, &sh->dir[r->dir].ns, r->ns);
+    shard_add(sh, &sh->kind[r->kind].count, 1);
+    shard_add(sh, &sh->kind[r->kind].bytes, r->bytes);
+    shard_add(sh, &sh->kind[r->kind].ns, r->ns);
     unsigned h = stats_hist_index(r->bytes);
-    add_relaxed(&hist_sums[h].count, 1);
-    add_relaxed(&hist_sums[h].bytes, r->bytes);
+    shard_add(sh, &sh->hist[h].count, 1);
+    shard_add(sh, &sh->hist[h].bytes, r->bytes);
 }
 
 void stats_add(enum stats_counter c, uint64_t delta)
 {
     if ((unsigned)c < STAT_COUNTER_COUNT)
         add_relaxed(&counters[c], delta);
+}
+
+void stats_count_entry(int id)
+{
+    if ((unsigned)id >= HOOK_COUNT)
+        return;
+    struct stats_shard *sh = shard();
+    shard_add(sh, &sh->entry_calls[id], 1);
 }
 
 uint64_t stats_get(enum stats_counter c)
@@ -136,14 +252,14 @@ struct dir_totals stats_dir(enum copy_dir d)
 {
     if ((unsigned)d >= DIR_COUNT)
         return (struct dir_totals){ 0, 0, 0 };
-    return load_totals(&dir_sums[d]);
+    return sum_totals(offsetof(struct stats_shard, dir) + d * sizeof(struct dir_totals));
 }
 
 struct dir_totals stats_kind(enum mem_kind k)
 {
     if ((unsigned)k >= MEM_KIND_COUNT)
         return (struct dir_totals){ 0, 0, 0 };
-    return load_totals(&kind_sums[k]);
+    return sum_totals(offsetof(struct stats_shard, kind) + k * sizeof(struct dir_totals));
 }
 
 /* ---- call sites ---- */
@@ -548,8 +664,19 @@ static void write_json(struct out *o)
             C(FORK_CHILD_FREES), C(UNTRACKED_LOOKUPS));
 #undef C
 
-    out_str(o, "\"histogram\":[");
+    out_str(o, "\"entry_points\":{");
     bool first = true;
+    uint64_t entry_calls[HOOK_COUNT];
+    sum_shards(offsetof(struct stats_shard, entry_calls), entry_calls, HOOK_COUNT);
+    for (int i = 0; i < HOOK_COUNT; i++) {
+        uint64_t calls = entry_calls[i];
+        if (!calls)
+            continue;
+        out_fmt(o, "%s\"%s\":%llu", first ? "" : ",", hook_table[i].symbol, (unsigned long long)calls);
+        first = false;
+    }
+    out_str(o, "},\n\"histogram\":[");
+    first = true;
     for (unsigned i = 0; i < STATS_HIST_BUCKETS; i++) {
         struct dir_totals h = stats_hist(i);
         if (!h.count)
@@ -791,9 +918,13 @@ void stats_finish(void)
 void stats_reset(void)
 {
     shim_enter();
-    memset(dir_sums, 0, sizeof dir_sums);
-    memset(kind_sums, 0, sizeof kind_sums);
-    memset(hist_sums, 0, sizeof hist_sums);
+    pthread_mutex_lock(&shards_lock);
+    for (struct stats_shard *sh = &retired; sh; sh = sh == &retired ? live_shards : sh->next) {
+        uint64_t *v = (uint64_t *)sh;
+        for (size_t i = 0; i < offsetof(struct stats_shard, next) / sizeof(uint64_t); i++)
+            __atomic_store_n(&v[i], 0, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&shards_lock);
     memset(counters, 0, sizeof counters);
     registered_now = registered_peak = 0;
     disabled_reason[0] = '\0';

@@ -64,6 +64,8 @@ struct copy_record {
 
 void stats_record_copy(const struct copy_record *r);
 void stats_add(enum stats_counter c, uint64_t delta);
+/* One call through the door of hook `id` (which driver entry points the program really uses). */
+void stats_count_entry(int id);
 uint64_t stats_get(enum stats_counter c);
 
 /* Registered bytes (promotions + cache + staging) now; keeps the peak. */

@@ -52,22 +52,29 @@ VARIANTS=(
     "full-trust|PINSHIM_MODE=full PINSHIM_TRUST_ASYNC=1"
 )
 
-# check_observe LOG JSON: the shim counted exactly the copies the program says it issued.
-check_observe() {
-    python3 - "$1" "$2" <<'PY'
+# check_counts LOG JSON MODE: the shim counted exactly the copies the program says it issued
+# (EXPECTED_COPIES, observe mode: other modes may split or stage a copy), and the calls of each
+# entry point (EXPECTED_ENTRIES, every mode: the doors count what the program called).
+check_counts() {
+    python3 - "$1" "$2" "$3" <<'PY'
 import json, re, sys
-log, path = sys.argv[1], sys.argv[2]
-want = None
+log, path, mode = sys.argv[1:4]
+want = {}
 for line in open(log, errors="replace"):
-    m = re.match(r"EXPECTED_COPIES (.*)", line)
+    m = re.match(r"EXPECTED_(COPIES|ENTRIES) (.*)", line)
     if m:
-        want = dict(kv.split("=") for kv in m.group(1).split())
-if want is None:
-    sys.exit(0)  # the program does not claim exact counts
-got = json.load(open(path))["copies"]
-bad = [f"{k}: expected {v}, counted {got[k]['count']}" for k, v in want.items() if got[k]["count"] != int(v)]
+        want[m.group(1)] = {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}
+stats = json.load(open(path))
+bad = []
+if mode == "observe":
+    got = stats["copies"]
+    bad += [f"{k}: expected {v}, counted {got[k]['count']}"
+            for k, v in want.get("COPIES", {}).items() if got[k]["count"] != v]
+got = stats.get("entry_points", {})
+bad += [f"entry point {k}: called {v} times, counted {got.get(k, 0)}"
+        for k, v in want.get("ENTRIES", {}).items() if got.get(k, 0) != v]
 if bad:
-    print("observe counts differ: " + "; ".join(bad))
+    print("counts differ: " + "; ".join(bad))
     sys.exit(1)
 PY
 }
@@ -93,11 +100,11 @@ for t in "$BUILD"/tests/fake/test_*; do
         if grep -q 'pinshim' "$log.err"; then
             cat "$log.err" >>"$log"; note_fail "$n [$vname]: the shim wrote to stderr unasked" "$log"; continue
         fi
-        if [ "$vname" = observe ]; then
-            if ! check_observe "$log" "$json" >>"$log" 2>&1; then note_fail "$n [$vname]: counts" "$log"; continue; fi
-        fi
-        if [ "$vname" != plain ] && [ "$vname" != off ] && ! python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$json" 2>>"$log"; then
-            note_fail "$n [$vname]: stats JSON missing or invalid" "$log"; continue
+        if [ "$vname" != plain ] && [ "$vname" != off ]; then
+            if ! python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$json" 2>>"$log"; then
+                note_fail "$n [$vname]: stats JSON missing or invalid" "$log"; continue
+            fi
+            if ! check_counts "$log" "$json" "$vname" >>"$log" 2>&1; then note_fail "$n [$vname]: counts" "$log"; continue; fi
         fi
         note_pass "$n [$vname]"
     done

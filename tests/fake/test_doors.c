@@ -2,13 +2,16 @@
  * by base name with the legacy and per-thread flags, as the CUDA runtime does.  Each door must
  * hand back exactly the variant asked for (checked with the fake's per-symbol call counters),
  * and the data must survive.  The last line tells the runner how many copies of each direction
- * were issued: in observe mode the shim's JSON must count exactly those. */
+ * were issued (in observe mode the shim's JSON must count exactly those), and how often each copy
+ * entry point was called (in every mode the JSON's entry_points must match). */
 #include <dlfcn.h>
 #include <cudaTypedefs.h>
 #include "drvtest.h"
 #include "fakecuda.h"
 
 static unsigned long h2d, d2h, d2d;
+/* Calls the program made, by the exported name the door it called stands for. */
+static unsigned long e_htod, e_dtoh, e_dtod, e_memcpy, e_dtoh_ptds, e_htod_async_ptsz, e_2d;
 
 int main(void)
 {
@@ -21,13 +24,13 @@ int main(void)
 
     /* (a) linked directly */
     fill_pattern(host, n, 1);
-    CU(cuMemcpyHtoD(dev, host, n)); h2d++;
-    CU(cuMemcpyDtoD(dev2, dev, n)); d2d++;
+    CU(cuMemcpyHtoD(dev, host, n)); h2d++; e_htod++;
+    CU(cuMemcpyDtoD(dev2, dev, n)); d2d++; e_dtod++;
     memset(back, 0, n);
-    CU(cuMemcpyDtoH(back, dev2, n)); d2h++;
+    CU(cuMemcpyDtoH(back, dev2, n)); d2h++; e_dtoh++;
     CHECK(check_pattern(back, n, 1));
-    CU(cuMemcpy(dev, (CUdeviceptr)host, 4096)); h2d++;
-    CU(cuMemcpy((CUdeviceptr)back, dev, 4096)); d2h++;
+    CU(cuMemcpy(dev, (CUdeviceptr)host, 4096)); h2d++; e_memcpy++;
+    CU(cuMemcpy((CUdeviceptr)back, dev, 4096)); d2h++; e_memcpy++;
 
     /* (b) dlsym on a libcuda handle */
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -36,9 +39,9 @@ int main(void)
     PFN_cuMemcpyDtoH_v3020 dtoh = (PFN_cuMemcpyDtoH_v3020)dlsym(lib, "cuMemcpyDtoH_v2");
     CHECK(htod && dtoh);
     fill_pattern(host, n, 2);
-    CU(htod(dev, host, n)); h2d++;
+    CU(htod(dev, host, n)); h2d++; e_htod++;
     memset(back, 0, n);
-    CU(dtoh(back, dev, n)); d2h++;
+    CU(dtoh(back, dev, n)); d2h++; e_dtoh++;
     CHECK(check_pattern(back, n, 2));
 
     /* (c) cuGetProcAddress, found the way cudart finds it */
@@ -58,7 +61,7 @@ int main(void)
     unsigned long legacy_before = fakecuda_calls("cuMemcpyHtoD_v2") + fakecuda_calls("cuMemcpyHtoDAsync_v2");
     unsigned long ptds_htod_before = fakecuda_calls("cuMemcpyHtoD_v2_ptds");
     fill_pattern(host, n, 3);
-    CU(htod(dev, host, n)); h2d++;
+    CU(htod(dev, host, n)); h2d++; e_htod++;
     CHECKF(fakecuda_calls("cuMemcpyHtoD_v2") + fakecuda_calls("cuMemcpyHtoDAsync_v2") == legacy_before + 1 &&
            fakecuda_calls("cuMemcpyHtoD_v2_ptds") == ptds_htod_before, "flags 0 reach the legacy cuMemcpyHtoD_v2");
 
@@ -67,7 +70,7 @@ int main(void)
     dtoh = (PFN_cuMemcpyDtoH_v3020)fn;
     unsigned long ptds_before = fakecuda_calls("cuMemcpyDtoH_v2_ptds");
     memset(back, 0, n);
-    CU(dtoh(back, dev, n)); d2h++;
+    CU(dtoh(back, dev, n)); d2h++; e_dtoh_ptds++;
     CHECKF(fakecuda_calls("cuMemcpyDtoH_v2_ptds") == ptds_before + 1, "flag 2 reaches cuMemcpyDtoH_v2_ptds");
     CHECK(check_pattern(back, n, 3));
 
@@ -75,11 +78,11 @@ int main(void)
     PFN_cuMemcpyHtoDAsync_v3020 htod_async = (PFN_cuMemcpyHtoDAsync_v3020)fn;
     unsigned long ptsz_before = fakecuda_calls("cuMemcpyHtoDAsync_v2_ptsz");
     fill_pattern(host, n, 4);
-    CU(htod_async(dev, host, n, 0)); h2d++;
+    CU(htod_async(dev, host, n, 0)); h2d++; e_htod_async_ptsz++;
     CHECKF(fakecuda_calls("cuMemcpyHtoDAsync_v2_ptsz") == ptsz_before + 1, "flag 2 reaches cuMemcpyHtoDAsync_v2_ptsz");
     CU(cuStreamSynchronize(CU_STREAM_PER_THREAD));
     memset(back, 0, n);
-    CU(cuMemcpyDtoH(back, dev, n)); d2h++;
+    CU(cuMemcpyDtoH(back, dev, n)); d2h++; e_dtoh++;
     CHECK(check_pattern(back, n, 4));
 
     /* 2D through the lookup, and a name nobody hooks, which must come back as the driver's */
@@ -94,7 +97,7 @@ int main(void)
     p.dstPitch = 1024;
     p.WidthInBytes = 1000;
     p.Height = 64;
-    CU(copy2d(&p)); h2d++;
+    CU(copy2d(&p)); h2d++; e_2d++;
     void *ctx_get = NULL;
     CU(gpa("cuCtxGetCurrent", &ctx_get, 4000, 0, &status));
     CHECKF(ctx_get == dlsym(lib, "cuCtxGetCurrent"), "an unhooked name passes through untouched");
@@ -110,5 +113,9 @@ int main(void)
     free(host);
     free(back);
     printf("EXPECTED_COPIES h2d=%lu d2h=%lu d2d=%lu\n", h2d, d2h, d2d);
+    printf("EXPECTED_ENTRIES cuMemcpyHtoD_v2=%lu cuMemcpyDtoH_v2=%lu cuMemcpyDtoD_v2=%lu cuMemcpy=%lu "
+           "cuMemcpyDtoH_v2_ptds=%lu cuMemcpyHtoDAsync_v2_ptsz=%lu cuMemcpy2D_v2=%lu "
+           "cuMemcpyHtoD_v2_ptds=0 cuMemcpyHtoDAsync_v2=0\n",
+           e_htod, e_dtoh, e_dtod, e_memcpy, e_dtoh_ptds, e_htod_async_ptsz, e_2d);
     return TEST_SUMMARY();
 }

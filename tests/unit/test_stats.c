@@ -3,6 +3,7 @@
  * report, and stats_finish's atomic files and single warning. */
 #define _GNU_SOURCE
 #include "config.h"
+#include "hooks.h"
 #include "log.h"
 #include "shim.h"
 #include "stats.h"
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *empty_env(const char *name) { return NULL; }
@@ -408,6 +410,61 @@ static void test_threads(void)
     config_load(empty_env);
 }
 
+/* A thread's counts are visible while it runs, and the same after it has exited (its
+ * per-thread counters are folded into the totals then). */
+static pthread_barrier_t live_barrier;
+
+static void *copy_then_wait(void *arg)
+{
+    struct copy_record r = { DIR_H2D, MEM_PINNED, 4096, 1000, 0, 1 };
+    for (int i = 0; i < 10; i++)
+        stats_record_copy(&r);
+    stats_count_entry(0);
+    pthread_barrier_wait(&live_barrier);   /* counted */
+    pthread_barrier_wait(&live_barrier);   /* main has looked */
+    return arg;
+}
+
+static void test_live_and_exited_threads(void)
+{
+    stats_reset();
+    pthread_barrier_init(&live_barrier, NULL, 4);
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++)
+        pthread_create(&t[i], NULL, copy_then_wait, NULL);
+    pthread_barrier_wait(&live_barrier);
+    struct dir_totals live = stats_dir(DIR_H2D);
+    CHECK(live.count == 30 && live.bytes == 30 * 4096 && live.ns == 30 * 1000);
+    CHECK(stats_kind(MEM_PINNED).count == 30 && stats_hist(13).count == 30);
+    capture(stats_write_json);
+    char want[96];
+    snprintf(want, sizeof want, "\"entry_points\":{\"%s\":3}", hook_table[0].symbol);
+    CHECKF(strstr(text, want) != NULL, "entry_points counts the calls of live threads");
+    pthread_barrier_wait(&live_barrier);
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    struct dir_totals gone = stats_dir(DIR_H2D);
+    CHECK(gone.count == 30 && gone.bytes == 30 * 4096 && gone.ns == 30 * 1000);
+    capture(stats_write_json);
+    CHECKF(strstr(text, want) != NULL, "entry_points keeps the calls of exited threads");
+    pthread_barrier_destroy(&live_barrier);
+    stats_reset();
+    CHECK(stats_dir(DIR_H2D).count == 0);
+}
+
+/* Copy times are taken in CPU ticks where the TSC allows: converted, they must be wall time. */
+static void test_copy_clock(void)
+{
+    uint64_t ns0 = shim_now_ns(), t0 = shim_ticks();
+    struct timespec nap = { 0, 30 * 1000 * 1000 };
+    nanosleep(&nap, NULL);
+    uint64_t took = shim_ns_since(t0), wall = shim_now_ns() - ns0;
+    CHECKF(took >= 29000000 && took <= wall + 1000000,
+           "30 ms sleep timed as %llu ns by the copy clock (%llu ns by CLOCK_MONOTONIC, TSC %s)",
+           (unsigned long long)took, (unsigned long long)wall, shim_tsc_ok ? "used" : "not used");
+    CHECK(shim_ns_since(shim_ticks() + 1000000000ull) == 0);   /* a clock going backwards */
+}
+
 static int count_entries(const char *dir, const char *containing)
 {
     DIR *d = opendir(dir);
@@ -544,6 +601,8 @@ int main(void)
     test_counts_and_histogram();
     test_json_and_report();
     test_threads();
+    test_live_and_exited_threads();
+    test_copy_clock();
     test_finish();
     stats_reset();
     return TEST_SUMMARY();
