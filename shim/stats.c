@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include "stats.h"
 #include "config.h"
+#include "heap.h"
 #include "hooks.h"
 #include "log.h"
 #include "nodebudget.h"
@@ -48,11 +49,14 @@ struct stats_shard {
     struct dir_totals kind[MEM_KIND_COUNT];
     struct dir_totals hist[STATS_HIST_BUCKETS];
     uint64_t entry_calls[HOOK_COUNT];
-    struct stats_shard *next;   /* in live_shards */
-    int linked;
+    struct stats_shard *next;   /* in live_shards or free_shards */
 };
-static __thread struct stats_shard my_shard;
+/* Shards live in the shim's own mappings, never in a thread's TLS or stack: a reader can never
+ * find one unmapped, and the shim's static TLS stays a few words (its initial-exec TLS must
+ * fit in what the loader reserves). */
+static __thread struct stats_shard *my_shard;
 static struct stats_shard *live_shards;
+static struct stats_shard *free_shards;   /* of exited threads, zeroed, for the next thread */
 static struct stats_shard retired;   /* the sums of threads that have exited */
 static pthread_mutex_t shards_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_key_t shard_key;
@@ -90,9 +94,10 @@ static void retire_shard(void *arg)
         add_relaxed(&to[i], load_relaxed(&from[i]));
         __atomic_store_n(&from[i], 0, __ATOMIC_RELAXED);
     }
-    sh->next = NULL;
-    sh->linked = 0;   /* a copy made by a later destructor of this thread links it again */
+    sh->next = free_shards;
+    free_shards = sh;
     pthread_mutex_unlock(&shards_lock);
+    my_shard = NULL;   /* a copy made by a later destructor of this thread links a shard again */
 }
 
 static void make_shard_key(void)
@@ -109,28 +114,41 @@ __attribute__((constructor)) static void shards_setup(void)
     pthread_atfork(shards_prefork, shards_postfork, shards_postfork);
 }
 
-/* Link this thread's counters, or answer `retired` (shared, atomic adds) when its exit could
- * not be caught: a linked shard must be unlinked before its thread's memory goes away. */
-static __attribute__((noinline)) struct stats_shard *link_shard(struct stats_shard *sh)
+/* Give this thread its counters, or answer `retired` (shared, atomic adds) when there is no
+ * memory for them or the thread's exit could not be caught. */
+static __attribute__((noinline)) struct stats_shard *link_shard(void)
 {
     shim_enter();   /* pthread_setspecific may allocate */
     pthread_once(&shard_once, make_shard_key);
-    int ok = shard_key_made && pthread_setspecific(shard_key, sh) == 0;
-    if (ok) {
+    pthread_mutex_lock(&shards_lock);
+    struct stats_shard *sh = free_shards;
+    if (sh)
+        free_shards = sh->next;
+    pthread_mutex_unlock(&shards_lock);
+    if (!sh)
+        sh = heap_raw_map(page_up(sizeof *sh));   /* zero-filled */
+    if (sh && !(shard_key_made && pthread_setspecific(shard_key, sh) == 0)) {
+        pthread_mutex_lock(&shards_lock);
+        sh->next = free_shards;
+        free_shards = sh;
+        pthread_mutex_unlock(&shards_lock);
+        sh = NULL;
+    }
+    if (sh) {
         pthread_mutex_lock(&shards_lock);
         sh->next = live_shards;
         live_shards = sh;
-        sh->linked = 1;
         pthread_mutex_unlock(&shards_lock);
+        my_shard = sh;
     }
     shim_leave();
-    return ok ? sh : &retired;
+    return sh ? sh : &retired;
 }
 
 static inline struct stats_shard *shard(void)
 {
-    struct stats_shard *sh = &my_shard;
-    return SHIM_LIKELY(sh->linked) ? sh : link_shard(sh);
+    struct stats_shard *sh = my_shard;
+    return SHIM_LIKELY(sh != NULL) ? sh : link_shard();
 }
 
 /* Add to a counter of `sh`: plainly in the thread's own shard, atomically in the shared one. */
