@@ -253,14 +253,15 @@ static void sync_copy_end(void)
     __atomic_sub_fetch(&sync_copies_in_flight, 1, __ATOMIC_ACQ_REL);
 }
 
-/* Sync copy with pinned host memory, moved to the thread's own stream (rule 2).  Returns 0 and
- * sets *r when done; -1 when a shim-only step failed first (the caller runs the original). */
-static int rewrite_sync(const struct call1d *c, enum copy_dir dir, CUresult *r)
+/* Sync copy with pinned host memory, moved to the thread's own stream (rule 2): issue(arg, s)
+ * makes the same copy asynchronously on s.  Returns 0 and sets *r when done; -1 when a
+ * shim-only step failed first (the caller runs the original). */
+static int rewrite_sync(CUresult (*issue)(const void *arg, CUstream s), const void *arg, CUresult *r)
 {
     struct shim_stream *ss = streams_current();
     if (!ss || streams_order_after(ss, 0, LEGACY) != 0)
         return -1;
-    if (call_async_on(c, dir, ss->stream) != CUDA_SUCCESS)
+    if (issue(arg, ss->stream) != CUDA_SUCCESS)
         return -1; /* the original reports the error the program expects */
     if (drv.cuEventQuery(ss->order_event) == CUDA_ERROR_NOT_READY) {
         uint64_t t0 = shim_now_ns();
@@ -270,6 +271,17 @@ static int rewrite_sync(const struct call1d *c, enum copy_dir dir, CUresult *r)
     *r = drv.cuStreamSynchronize(ss->stream);
     stats_add(STAT_REWRITE_SYNC_TO_ASYNC, 1);
     return 0;
+}
+
+struct issue_1d {
+    const struct call1d *c;
+    enum copy_dir dir;
+};
+
+static CUresult issue_1d_async(const void *arg, CUstream s)
+{
+    const struct issue_1d *a = arg;
+    return call_async_on(a->c, a->dir, s);
 }
 
 static CUresult route_1d(struct call1d *c)
@@ -313,7 +325,8 @@ static CUresult route_1d(struct call1d *c)
         if (!async) {
             int candidate = shim_cfg.mode == MODE_FULL && flavour == LEGACY && c->n >= shim_cfg.rewrite_min;
             int concurrent = candidate && sync_copy_begin(shim_now_ns());
-            if (!(concurrent && rewrite_sync(c, dir, &r) == 0))
+            struct issue_1d issue = {c, dir};
+            if (!(concurrent && rewrite_sync(issue_1d_async, &issue, &r) == 0))
                 r = call_original(c);
             if (candidate)
                 sync_copy_end();
@@ -455,6 +468,11 @@ static CUresult call_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, int
     return ((PFN_cuMemcpy2D_v3020)real_hook[id])(p);
 }
 
+static CUresult issue_2d_async(const void *p, CUstream s)
+{
+    return ((PFN_cuMemcpy2DAsync_v3020)real_hook[HOOK_cuMemcpy2DAsync_v2])(p, s);
+}
+
 static CUresult route_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, int async)
 {
     uint64_t t0 = shim_ticks();
@@ -485,14 +503,9 @@ static CUresult route_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, in
             stats_add(STAT_CAPTURE_PASSTHROUGH, 1);
         r = call_2d(id, p, s, async);
     } else if (kind == MEM_PINNED || kind == MEM_PROMOTED) {
-        struct shim_stream *ss;
         int candidate = !async && shim_cfg.mode == MODE_FULL && flavour == LEGACY && bytes >= shim_cfg.rewrite_min;
         int concurrent = candidate && sync_copy_begin(shim_now_ns());
-        if (concurrent && (ss = streams_current()) && streams_order_after(ss, 0, LEGACY) == 0 &&
-            ((PFN_cuMemcpy2DAsync_v3020)real_hook[HOOK_cuMemcpy2DAsync_v2])(p, ss->stream) == CUDA_SUCCESS) {
-            r = drv.cuStreamSynchronize(ss->stream);
-            stats_add(STAT_REWRITE_SYNC_TO_ASYNC, 1);
-        } else {
+        if (!(concurrent && rewrite_sync(issue_2d_async, p, &r) == 0)) {
             r = call_2d(id, p, s, async);
             if (async && kind == MEM_PROMOTED && r == CUDA_SUCCESS)
                 keep_pageable_semantics(&held, s, flavour);

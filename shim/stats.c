@@ -54,6 +54,8 @@ struct stats_shard {
 /* Shards live in the shim's own mappings, never in a thread's TLS or stack: a reader can never
  * find one unmapped, and the shim's static TLS stays a few words (its initial-exec TLS must
  * fit in what the loader reserves). */
+/* The counters of a shard, as uint64 words: everything before `next`. */
+#define SHARD_WORDS (offsetof(struct stats_shard, next) / sizeof(uint64_t))
 static __thread struct stats_shard *my_shard;
 static struct stats_shard *live_shards;
 static struct stats_shard *free_shards;   /* of exited threads, zeroed, for the next thread */
@@ -90,7 +92,7 @@ static void retire_shard(void *arg)
         break;
     }
     uint64_t *from = (uint64_t *)sh, *to = (uint64_t *)&retired;
-    for (size_t i = 0; i < offsetof(struct stats_shard, next) / sizeof(uint64_t); i++) {
+    for (size_t i = 0; i < SHARD_WORDS; i++) {
         add_relaxed(&to[i], load_relaxed(&from[i]));
         __atomic_store_n(&from[i], 0, __ATOMIC_RELAXED);
     }
@@ -939,7 +941,7 @@ void stats_reset(void)
     pthread_mutex_lock(&shards_lock);
     for (struct stats_shard *sh = &retired; sh; sh = sh == &retired ? live_shards : sh->next) {
         uint64_t *v = (uint64_t *)sh;
-        for (size_t i = 0; i < offsetof(struct stats_shard, next) / sizeof(uint64_t); i++)
+        for (size_t i = 0; i < SHARD_WORDS; i++)
             __atomic_store_n(&v[i], 0, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&shards_lock);
