@@ -22,19 +22,9 @@
 # Knobs: NVCC (nvcc), NVCC_ARCH (sm_90), CC (cc), NODE_WORKERS (4), NODE_BUFFERS (4),
 # NODE_BUFFER_MIB (256), NODE_HOLD_S (2).
 set -u
-[ $# -eq 2 ] || { echo "usage: $0 BUILD OUTDIR" >&2; exit 2; }
-HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/gpu/script_setup.sh
+. "$(dirname "$0")/script_setup.sh"
 ROOT=$(cd "$HERE/../.." && pwd)
-BUILD=$(cd "$1" 2>/dev/null && pwd) || { echo "no build directory $1" >&2; exit 2; }
-mkdir -p "$2" || exit 2
-OUT=$(cd "$2" && pwd)
-SHIM=$BUILD/libpinshim.so
-[ -f "$SHIM" ] || { echo "missing $SHIM (run make shim)" >&2; exit 2; }
-for v in $(compgen -e); do case "$v" in PINSHIM_*) unset "$v" ;; esac; done
-unset LD_PRELOAD
-
-NVCC=${NVCC:-nvcc}
-ARCH=${NVCC_ARCH:-sm_90}
 CC=${CC:-cc}
 W=${NODE_WORKERS:-4}
 K=${NODE_BUFFERS:-4}

@@ -19,18 +19,8 @@
 #
 # Knobs: NVCC (nvcc), NVCC_ARCH (sm_90), PYTHON (python3), MULTI_GPU_MIB (256), MULTI_GPU_ITERS (8).
 set -u
-[ $# -eq 2 ] || { echo "usage: $0 BUILD OUTDIR" >&2; exit 2; }
-HERE=$(cd "$(dirname "$0")" && pwd)
-BUILD=$(cd "$1" 2>/dev/null && pwd) || { echo "no build directory $1" >&2; exit 2; }
-mkdir -p "$2" || exit 2
-OUT=$(cd "$2" && pwd)
-SHIM=$BUILD/libpinshim.so
-[ -f "$SHIM" ] || { echo "missing $SHIM (run make shim)" >&2; exit 2; }
-for v in $(compgen -e); do case "$v" in PINSHIM_*) unset "$v" ;; esac; done
-unset LD_PRELOAD
-
-NVCC=${NVCC:-nvcc}
-ARCH=${NVCC_ARCH:-sm_90}
+# shellcheck source=tests/gpu/script_setup.sh
+. "$(dirname "$0")/script_setup.sh"
 PY=${PYTHON:-python3}
 MIB=${MULTI_GPU_MIB:-256}
 ITERS=${MULTI_GPU_ITERS:-8}
