@@ -29,27 +29,40 @@ CUresult on_host_register(enum hook_id id, void *p, size_t n, unsigned int flags
     return r;
 }
 
-/* Does p lie in a registration the shim made (not the program)? */
-static int in_shim_registration(uintptr_t p)
-{
-    if (!table_count())
-        return 0;
-    table_lock();
-    struct block *b = table_find_containing(p);
-    int shim_owned = b && b->state != BLOCK_PAGEABLE && p >= b->reg_base && p < b->reg_base + b->reg_len;
-    table_unlock();
-    return shim_owned;
-}
-
 CUresult on_host_unregister(enum hook_id id, void *p)
 {
     /* Without the shim this memory is not registered at all: answer as the driver would then,
      * and never let the program's call take the shim's registration away (rules 3 and 4). */
-    if (copy_engaged() && !pinned_contains((uintptr_t)p, 1) && in_shim_registration((uintptr_t)p))
-        return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    struct block *claimed = NULL;
+    if (copy_engaged() && !pinned_contains((uintptr_t)p, 1) && table_count()) {
+        table_lock();
+        struct block *b = table_find_containing((uintptr_t)p);
+        while (b && b->reg_changing) {
+            /* The shim is registering or unregistering it: wait for the outcome. */
+            table_wait_reg_settled(b);
+            b = table_find_containing((uintptr_t)p);
+        }
+        if (b && b->state != BLOCK_PAGEABLE && (uintptr_t)p >= b->reg_base &&
+            (uintptr_t)p < b->reg_base + b->reg_len) {
+            table_unlock();
+            return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+        }
+        if (b) {
+            /* Hold the block still until the driver has answered: a promotion starting now
+             * would be undone by the program's call. */
+            b->reg_changing = 1;
+            claimed = b;
+        }
+        table_unlock();
+    }
     shim_enter();
     CUresult r = ((PFN_cuMemHostUnregister_v4000)real_hook[id])(p);
     shim_leave();
+    if (claimed) {
+        table_lock();
+        claimed->reg_changing = 0;
+        table_unlock();
+    }
     if (r == CUDA_SUCCESS)
         pinned_remove((uintptr_t)p);
     return r;

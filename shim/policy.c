@@ -310,11 +310,19 @@ int policy_promote(struct block *b)
         unsigned flags = CU_MEMHOSTREGISTER_PORTABLE;
         if (!(prot & PROT_WRITE))
             flags |= CU_MEMHOSTREGISTER_READ_ONLY;
-        uint64_t t0 = shim_now_ns();
-        nvtx_push("pinshim promote");
         table_lock();
+        if (b->reg_changing || b->state != BLOCK_PAGEABLE) {
+            /* The program's own unregister holds it (or it changed while room was made): not
+             * now. */
+            table_unlock();
+            nodebudget_release(len);
+            pthread_mutex_unlock(&reg_mutex);
+            return 0;
+        }
         b->reg_changing = 1;
         table_unlock();
+        uint64_t t0 = shim_now_ns();
+        nvtx_push("pinshim promote");
         CUresult r = register_range(base, len, flags);
         nvtx_pop();
         stats_add(STAT_REGISTER_NS, shim_now_ns() - t0);

@@ -6,13 +6,15 @@
  *   - cuMemHostUnregister of a pointer the program never registered gives
  *     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, also when the shim promoted that memory (the
  *     shim's registration is not the program's); an interior pointer of a program
- *     registration gives CUDA_ERROR_INVALID_VALUE;
+ *     registration gives CUDA_ERROR_INVALID_VALUE; the same while another thread's copies get
+ *     the memory promoted (the program's unregister must neither undo nor race the shim's);
  *   - invalid copies (device pointer 0, beyond or straddling the end of an allocation, a NULL
  *     host pointer, a 2D pitch below the width) give CUDA_ERROR_INVALID_VALUE with every kind of
  *     host memory (promoted, cold pageable, program-pinned), sync and async, and change nothing
  *     on the device.
  * The codes are the real driver's; the run without the shim proves the fake gives them. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include "drvtest.h"
@@ -156,6 +158,53 @@ static void never_registered(void)
     free(p);
 }
 
+/* One thread copies fresh buffers (the shim promotes them as it goes) while another keeps
+ * unregistering them: every answer is the driver's "not registered", and the data survives. */
+#define RACE_BUFFERS 24
+static unsigned char *race_buf[RACE_BUFFERS];
+static int race_done;
+static unsigned long race_calls, race_wrong;
+
+static void *unregister_loop(void *ctx)
+{
+    CU(cuCtxSetCurrent((CUcontext)ctx));
+    while (!__atomic_load_n(&race_done, __ATOMIC_ACQUIRE)) {
+        for (int i = 0; i < RACE_BUFFERS; i++) {
+            CUresult r = cuMemHostUnregister(race_buf[i]);
+            race_calls++;
+            if (r != CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED && race_wrong++ == 0)
+                printf("info: first wrong answer: %d\n", (int)r);
+        }
+    }
+    return NULL;
+}
+
+static void never_registered_while_promoting(void)
+{
+    const size_t len = 1u << 20;
+    for (int i = 0; i < RACE_BUFFERS; i++) {
+        race_buf[i] = malloc(len);
+        fill_pattern(race_buf[i], len, 40 + i);
+    }
+    CUcontext ctx;
+    CU(cuCtxGetCurrent(&ctx));
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, unregister_loop, ctx) == 0);
+    for (int i = 0; i < RACE_BUFFERS; i++)
+        promote(race_buf[i], len);
+    __atomic_store_n(&race_done, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+    CHECKF(race_calls > 0 && race_wrong == 0,
+           "unregister during promotions: %lu calls, %lu not answered \"not registered\"",
+           race_calls, race_wrong);
+    int ok = 1;
+    for (int i = 0; i < RACE_BUFFERS; i++) {
+        ok &= roundtrip(race_buf[i], len, 70 + i);
+        free(race_buf[i]);
+    }
+    CHECKF(ok, "the buffers still copy right");
+}
+
 static void bad_arguments(void)
 {
     unsigned char *promoted = malloc(n), *cold = malloc(n), *pinned;
@@ -247,6 +296,7 @@ int main(void)
     sub_range(s);
     straddle(s);
     never_registered();
+    never_registered_while_promoting();
     bad_arguments();
 
     CU(cuCtxSynchronize());
