@@ -646,24 +646,46 @@ static void defer_or_hash(thr_t *t, int i, int cls, int async, int x, size_t off
     *devpend_clear = 0;
 }
 
+/* The common start of a host<->device copy: a slot and a sub-range of it, a device and an
+ * offset there, a door, sync or async (and then a stream), the host memory's class; ordered
+ * after the work the copy must follow.  0 when there is no slot to copy. */
+typedef struct {
+    int i, d, async, x, cls;
+    slot_t *s;
+    size_t off, len, doff;
+    door_t *dr;
+    CUstream h;
+} hcopy_t;
+
+static int begin_host_copy(thr_t *t, const char *what, const char *what_async, hcopy_t *c)
+{
+    c->i = pick_slot(t, ~0u);
+    if (c->i < 0) return 0;
+    c->s = &t->s[c->i];
+    c->d = (int)rnd(t, NDEV);
+    sub_range(t, c->s->n, &c->off, &c->len);
+    c->doff = (size_t)rnd(t, DEVSZ - c->len + 1);
+    c->dr = pick_door(t);
+    c->async = (int)rnd(t, 2);
+    c->h = NULL;
+    if (c->async) c->h = pick_stream(t, c->dr, &c->x);
+    else c->x = c->dr->ptds ? S_PT : S_LEG;
+    c->cls = hclass(c->s, c->off, c->len);
+    t->what = c->async ? what_async : what;
+    dev_before(t, c->d, c->x);
+    slot_before_gpu(t, c->i, c->x);
+    return 1;
+}
+
 static void op_h2d(thr_t *t)
 {
-    int i = pick_slot(t, ~0u);
-    if (i < 0) return;
-    slot_t *s = &t->s[i];
-    int d = (int)rnd(t, NDEV);
-    size_t off, len;
-    sub_range(t, s->n, &off, &len);
-    size_t doff = (size_t)rnd(t, DEVSZ - len + 1);
-    door_t *dr = pick_door(t);
-    int async = (int)rnd(t, 2), x;
-    CUstream h = NULL;
-    if (async) h = pick_stream(t, dr, &x);
-    else x = dr->ptds ? S_PT : S_LEG;
-    int cls = hclass(s, off, len);
-    t->what = async ? "HtoD async" : "HtoD";
-    dev_before(t, d, x);
-    slot_before_gpu(t, i, x);
+    hcopy_t c;
+    if (!begin_host_copy(t, "HtoD", "HtoD async", &c)) return;
+    int i = c.i, d = c.d, async = c.async, x = c.x, cls = c.cls;
+    slot_t *s = c.s;
+    size_t off = c.off, len = c.len, doff = c.doff;
+    door_t *dr = c.dr;
+    CUstream h = c.h;
     int unified = rnd(t, 4) == 0;
     CUdeviceptr dst = t->dv[d].d + doff;
     if (unified) {
@@ -683,22 +705,13 @@ static void op_h2d(thr_t *t)
 
 static void op_d2h(thr_t *t)
 {
-    int i = pick_slot(t, ~0u);
-    if (i < 0) return;
-    slot_t *s = &t->s[i];
-    int d = (int)rnd(t, NDEV);
-    size_t off, len;
-    sub_range(t, s->n, &off, &len);
-    size_t doff = (size_t)rnd(t, DEVSZ - len + 1);
-    door_t *dr = pick_door(t);
-    int async = (int)rnd(t, 2), x;
-    CUstream h = NULL;
-    if (async) h = pick_stream(t, dr, &x);
-    else x = dr->ptds ? S_PT : S_LEG;
-    int cls = hclass(s, off, len);
-    t->what = async ? "DtoH async" : "DtoH";
-    dev_before(t, d, x);
-    slot_before_gpu(t, i, x);
+    hcopy_t c;
+    if (!begin_host_copy(t, "DtoH", "DtoH async", &c)) return;
+    int i = c.i, d = c.d, async = c.async, x = c.x, cls = c.cls;
+    slot_t *s = c.s;
+    size_t off = c.off, len = c.len, doff = c.doff;
+    door_t *dr = c.dr;
+    CUstream h = c.h;
     /* poison the destination first: a copy that never lands shows */
     if (s->pend < 0 && rnd(t, 2)) memset(s->p + off, 0xA5, len);
     int unified = rnd(t, 4) == 0;
