@@ -47,10 +47,14 @@ static inline int libc_ready(void)
     return libc.free != NULL;
 }
 
-/* Large blocks only outside the shim's own work and once start-up has read the settings. */
-static inline int serve_large(size_t n)
+/* The address an exported hook returns to: whose allocation it is. */
+#define CALLER __builtin_extract_return_addr(__builtin_return_address(0))
+
+/* Large blocks only outside the shim's own work, once start-up has read the settings, and not
+ * for the driver's own use (see called_from_driver). */
+static inline int serve_large(size_t n, const void *caller)
 {
-    return n >= heap_track_min && !shim_busy;
+    return n >= heap_track_min && !shim_busy && !called_from_driver(caller);
 }
 
 static void *large_alloc(size_t n, size_t align, int zero)
@@ -68,13 +72,18 @@ static inline int maybe_heap_pointer(const void *p)
     return ((uintptr_t)p & (SHIM_PAGE_SIZE - 1)) == 0 && heap_track_min != SIZE_MAX;
 }
 
-SHIM_EXPORT void *malloc(size_t n)
+static inline void *malloc_for(size_t n, const void *caller)
 {
-    if (SHIM_UNLIKELY(serve_large(n)))
+    if (SHIM_UNLIKELY(serve_large(n, caller)))
         return large_alloc(n, 16, 0);
     if (SHIM_UNLIKELY(!libc_ready()))
         return pool_alloc(n, 16);
     return libc.malloc(n);
+}
+
+SHIM_EXPORT void *malloc(size_t n)
+{
+    return malloc_for(n, CALLER);
 }
 
 SHIM_EXPORT void free(void *p)
@@ -101,17 +110,17 @@ SHIM_EXPORT void *calloc(size_t nmemb, size_t size)
         errno = ENOMEM;
         return NULL;
     }
-    if (SHIM_UNLIKELY(serve_large(n)))
+    if (SHIM_UNLIKELY(serve_large(n, CALLER)))
         return large_alloc(n, 16, 1);
     if (SHIM_UNLIKELY(!libc_ready()))
         return pool_alloc(n, 16);
     return libc.calloc(nmemb, size);
 }
 
-SHIM_EXPORT void *realloc(void *p, size_t n)
+static void *realloc_for(void *p, size_t n, const void *caller)
 {
     if (!p)
-        return malloc(n);
+        return malloc_for(n, caller);
     if (SHIM_UNLIKELY(in_pool(p))) {
         /* Bootstrap block: its size is unknown, but the pool is small; copy what can be. */
         void *q = malloc(n);
@@ -136,7 +145,7 @@ SHIM_EXPORT void *realloc(void *p, size_t n)
         if (handled)
             return q;
     }
-    if (serve_large(n)) {
+    if (serve_large(n, caller)) {
         /* A small block growing into a large one moves to the shim's heap. */
         size_t old = libc.malloc_usable_size(p);
         void *q = large_alloc(n, 16, 0);
@@ -149,6 +158,11 @@ SHIM_EXPORT void *realloc(void *p, size_t n)
     return libc.realloc(p, n);
 }
 
+SHIM_EXPORT void *realloc(void *p, size_t n)
+{
+    return realloc_for(p, n, CALLER);
+}
+
 SHIM_EXPORT void *reallocarray(void *p, size_t nmemb, size_t size)
 {
     size_t n;
@@ -156,7 +170,7 @@ SHIM_EXPORT void *reallocarray(void *p, size_t nmemb, size_t size)
         errno = ENOMEM;
         return NULL;
     }
-    return realloc(p, n);
+    return realloc_for(p, n, CALLER);
 }
 
 static int valid_alignment(size_t align)
@@ -168,7 +182,7 @@ SHIM_EXPORT int posix_memalign(void **out, size_t align, size_t n)
 {
     if (!valid_alignment(align) || align % sizeof(void *) != 0)
         return EINVAL;
-    if (serve_large(n)) {
+    if (serve_large(n, CALLER)) {
         void *p = large_alloc(n, align, 0);
         if (!p)
             return ENOMEM;
@@ -191,7 +205,7 @@ SHIM_EXPORT void *aligned_alloc(size_t align, size_t n)
         errno = EINVAL;
         return NULL;
     }
-    if (serve_large(n))
+    if (serve_large(n, CALLER))
         return large_alloc(n, align, 0);
     if (!libc_ready())
         return pool_alloc(n, align);
@@ -200,7 +214,7 @@ SHIM_EXPORT void *aligned_alloc(size_t align, size_t n)
 
 SHIM_EXPORT void *memalign(size_t align, size_t n)
 {
-    if (serve_large(n) && valid_alignment(align))
+    if (serve_large(n, CALLER) && valid_alignment(align))
         return large_alloc(n, align, 0);
     if (!libc_ready())
         return pool_alloc(n, valid_alignment(align) ? align : 16);
@@ -209,7 +223,7 @@ SHIM_EXPORT void *memalign(size_t align, size_t n)
 
 SHIM_EXPORT void *valloc(size_t n)
 {
-    if (serve_large(n))
+    if (serve_large(n, CALLER))
         return large_alloc(n, SHIM_PAGE_SIZE, 0);
     if (!libc_ready())
         return pool_alloc(n, SHIM_PAGE_SIZE);
@@ -223,7 +237,7 @@ SHIM_EXPORT void *pvalloc(size_t n)
         errno = ENOMEM;
         return NULL;
     }
-    if (serve_large(rounded))
+    if (serve_large(rounded, CALLER))
         return large_alloc(rounded, SHIM_PAGE_SIZE, 0);
     if (!libc_ready())
         return pool_alloc(rounded, SHIM_PAGE_SIZE);
@@ -259,7 +273,7 @@ SHIM_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_
     }
     void *p = libc.mmap ? libc.mmap(addr, len, prot, flags, fd, off)
                         : (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-    if (track && p != MAP_FAILED && len >= heap_track_min) {
+    if (track && p != MAP_FAILED && len >= heap_track_min && !called_from_driver(CALLER)) {
         shim_enter();
         heap_track_mapping(p, len, prot, flags);
         shim_leave();
@@ -298,7 +312,7 @@ SHIM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, .
     if (!libc.mremap)
         real_libc_resolve();
     void *p = libc.mremap(old, old_len, new_len, flags, new_addr);
-    if (track && p != MAP_FAILED) {
+    if (track && p != MAP_FAILED && !called_from_driver(CALLER)) {
         shim_enter();
         heap_track_mapping(p, new_len, prot, 0);
         shim_leave();

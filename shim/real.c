@@ -1,6 +1,8 @@
 /* Resolving the real libc and driver functions, once each. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <pthread.h>
 #include <string.h>
 #include "real.h"
@@ -9,6 +11,7 @@
 struct libc_fns libc;
 struct driver_fns drv;
 void *real_hook[HOOK_COUNT];
+uintptr_t driver_code_lo, driver_code_hi;
 
 static void *find_real_dlsym(void)
 {
@@ -61,6 +64,34 @@ static int is_pseudo_handle(void *h)
     return h == RTLD_DEFAULT || h == RTLD_NEXT;
 }
 
+/* Note where the driver's executable segments lie, from the program headers of the object that
+ * defines sym (the ELF header is mapped at dli_fbase). */
+static void note_driver_code(void *handle, void *sym)
+{
+    Dl_info info;
+    struct link_map *map = NULL;
+    if (!sym || !dladdr(sym, &info) || !info.dli_fbase || dlinfo(handle, RTLD_DI_LINKMAP, &map) || !map)
+        return;
+    const ElfW(Ehdr) *eh = info.dli_fbase;
+    if (memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0)
+        return;
+    const ElfW(Phdr) *ph = (const ElfW(Phdr) *)((const char *)eh + eh->e_phoff);
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (int i = 0; i < eh->e_phnum; i++) {
+        if (ph[i].p_type != PT_LOAD || !(ph[i].p_flags & PF_X))
+            continue;
+        uintptr_t start = map->l_addr + ph[i].p_vaddr;
+        if (start < lo)
+            lo = start;
+        if (start + ph[i].p_memsz > hi)
+            hi = start + ph[i].p_memsz;
+    }
+    if (lo < hi && (uintptr_t)sym >= lo && (uintptr_t)sym < hi) {
+        __atomic_store_n(&driver_code_lo, lo, __ATOMIC_RELAXED);
+        __atomic_store_n(&driver_code_hi, hi, __ATOMIC_RELAXED);
+    }
+}
+
 int real_driver_resolve(void *handle)
 {
     if (real_driver_ready())
@@ -87,6 +118,7 @@ int real_driver_resolve(void *handle)
 #define DRIVER_RESOLVE_(name, ret, params) *(void **)&drv.name = libc.dlsym(h, #name);
             DRIVER_HELPERS(DRIVER_RESOLVE_)
 #undef DRIVER_RESOLVE_
+            note_driver_code(h, libc.dlsym(h, "cuInit"));
             __atomic_store_n(&driver_ready, 1, __ATOMIC_RELEASE);
         }
     }

@@ -3,6 +3,7 @@
 #define PINSHIM_REAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 #include <cuda.h>
 #include "hooks.h"
@@ -70,5 +71,16 @@ extern void *real_hook[HOOK_COUNT];
  * Never loads libcuda into a program that did not load it. */
 int real_driver_resolve(void *handle);
 int real_driver_ready(void);
+
+/* The driver's code, [lo, hi), once the driver is known (0, 0 before).  Memory the driver
+ * allocates for itself is never a transfer buffer of the program: the allocation hooks leave it
+ * to the real allocator, so the driver's own data stays where it would be without the shim. */
+extern uintptr_t driver_code_lo, driver_code_hi;
+static inline int called_from_driver(const void *return_address)
+{
+    uintptr_t a = (uintptr_t)return_address;
+    return a >= __atomic_load_n(&driver_code_lo, __ATOMIC_RELAXED) &&
+           a < __atomic_load_n(&driver_code_hi, __ATOMIC_RELAXED);
+}
 
 #endif

@@ -5,6 +5,7 @@
  *   - blocks smaller than PINSHIM_MIN_SIZE never are;
  *   - cuMemHostAlloc / cuMemAllocHost memory is the program's: never registered by the shim, and
  *     copying from it does not grow the registered bytes;
+ *   - memory the driver mallocs for itself is never promoted (the shim leaves it to libc);
  *   - read-only mappings (a file mapped PROT_READ, an anonymous mapping made read-only with
  *     mprotect) work as H2D sources. */
 #define _GNU_SOURCE
@@ -101,6 +102,22 @@ int main(void)
     CHECKF(fakecuda_registered_bytes() <= before,
            "copying with program-pinned memory does not grow the registered bytes (%zu -> %zu)",
            before, fakecuda_registered_bytes());
+
+    /* ---- memory the driver allocated for itself: left to the real allocator, never promoted,
+     * though the same copies promote the program's own buffer above ---- */
+    unsigned char *own = fakecuda_driver_malloc(n);
+    CHECK(own != NULL);
+    data_ok = 1;
+    for (unsigned i = 0; i < 6; i++) {
+        fill_pattern(own, n, 80 + i);
+        HTOD(dev, own, n);
+        memset(check, 0, n);
+        DTOH(check, dev, n);
+        data_ok &= check_pattern(check, n, 80 + i);
+    }
+    CHECKF(data_ok, "copies from the driver's own memory are correct");
+    CHECKF(!fakecuda_registered(own, n), "the driver's own allocation is never promoted");
+    fakecuda_driver_free(own);
 
     /* ---- read-only H2D sources ---- */
     const size_t ro_n = 4u << 20;

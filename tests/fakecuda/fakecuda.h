@@ -26,6 +26,10 @@ size_t fakecuda_node_registered_peak(void);
 CUresult fakecuda_launch_write(CUstream s, CUdeviceptr dst, int value, size_t n, unsigned delay_us);
 CUresult fakecuda_launch_write_ptsz(CUstream s, CUdeviceptr dst, int value, size_t n, unsigned delay_us);
 
+/* malloc and free called from inside the driver's code, as the driver does for its own data. */
+void *fakecuda_driver_malloc(size_t n);
+void fakecuda_driver_free(void *p);
+
 /* Violations detected so far (each also printed as "fakecuda: VIOLATION: ..." on stderr). */
 unsigned long fakecuda_violations(void);
 /* Calls so far of the exported entry point with that exact symbol name ("cuMemcpyHtoD_v2"). */

@@ -666,3 +666,18 @@ FK_PUBLIC size_t fakecuda_node_registered_peak(void)
     if (shm) return atomic_load(&shm->peak);
     return fakecuda_registered_bytes_peak();
 }
+
+/* Memory the driver allocates for its own use: malloc called from the driver's code (the
+ * barrier keeps the call from becoming a jump, which would make it the caller's call). */
+FK_PUBLIC void *fakecuda_driver_malloc(size_t n)
+{
+    void *p = malloc(n);
+    __asm__ volatile("" : "+r"(p));
+    return p;
+}
+
+FK_PUBLIC void fakecuda_driver_free(void *p)
+{
+    free(p);
+    __asm__ volatile("" ::: "memory");
+}
