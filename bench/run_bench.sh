@@ -14,9 +14,9 @@
 #
 # Settings (environment):
 #   BENCH_REPS=3        A/B pairs per benchmark (the sweep uses BENCH_SWEEP_REPS=2)
-#   BENCH_LATENCY_REPS=12  A/B pairs of the small-copy latency benchmark: a process's medians
+#   BENCH_LATENCY_REPS=30  A/B pairs of the small-copy latency benchmark: a process's medians
 #                       vary by several percent from one run to the next, more than the 3%
-#                       the target allows, so it needs many short pairs
+#                       the target allows, so it needs many short pairs, judged pair by pair
 #   BENCH_LATENCY_CPU=N    the CPU both sides of the latency benchmark run on (taskset); by
 #                       default the last CPU local to the GPU, so that neither side depends on
 #                       where the scheduler happens to put it; "none" leaves it to the scheduler
@@ -61,7 +61,7 @@ if [ "$QUICK" = 1 ]; then
 else
     SWEEP_ARGS="--min 4K --max 1G --factor 2 --reps 5"
     BIG=256M; LOOP_ITERS=50; BATCH=64M; RESULT=16M; STEPS=50; TSIZE=512M; TREPS=10; DL_BATCHES=30
-    AB_RUNS=3; LATENCY_REPS=12
+    AB_RUNS=3; LATENCY_REPS=30
 fi
 
 SWEEP_ARGS=${BENCH_SWEEP_ARGS:-$SWEEP_ARGS}
