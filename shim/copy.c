@@ -38,7 +38,7 @@ static enum mem_kind classify_host(uintptr_t p, size_t n, enum copy_dir dir, int
     *held = NULL;
     if (pinned_contains(p, n))
         return MEM_PINNED;
-    if (!table_count())
+    if (!table_may_contain(p))
         return MEM_PAGEABLE;
     table_lock();
     struct block *b = table_find_containing(p);
@@ -103,7 +103,7 @@ static int is_host_pointer(CUdeviceptr p)
 {
     if (pinned_contains((uintptr_t)p, 1))
         return 1;
-    if (table_count()) {
+    if (table_may_contain((uintptr_t)p)) {
         table_lock();
         struct block *b = table_find_containing((uintptr_t)p);
         table_unlock();
@@ -660,6 +660,8 @@ CUresult on_3dpeer_async(enum hook_id id, const CUDA_MEMCPY3D_PEER *p, CUstream 
  * asynchronously where the program expects pageable behaviour. */
 static int touches_promoted(CUdeviceptr p)
 {
+    if (!table_may_contain((uintptr_t)p))
+        return 0;
     table_lock();
     struct block *b = table_find_containing((uintptr_t)p);
     int promoted = b && b->state == BLOCK_PROMOTED;

@@ -109,6 +109,29 @@ static void uthash_raw_free(void *p)
 #define uthash_free(ptr, sz) uthash_raw_free(ptr)
 #define uthash_fatal(msg) abort()
 
+/* The span from the lowest tracked mapping to the end of the highest, readable without the lock:
+ * most pageable copies (the stack, small malloc blocks) lie outside it.  Mappings never overlap,
+ * so the first and last in address order bound it.  A reader may see lo and hi from different
+ * updates; a block in the table through both updates is inside either bound. */
+static uintptr_t span_lo = UINTPTR_MAX, span_hi;
+
+static void span_update(void)
+{
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    if (sorted_len) {
+        lo = sorted[0]->map_base;
+        hi = sorted[sorted_len - 1]->map_base + sorted[sorted_len - 1]->map_len;
+    }
+    __atomic_store_n(&span_lo, lo, __ATOMIC_RELAXED);
+    __atomic_store_n(&span_hi, hi, __ATOMIC_RELAXED);
+}
+
+int table_may_contain(uintptr_t p)
+{
+    return p >= __atomic_load_n(&span_lo, __ATOMIC_RELAXED) &&
+           p < __atomic_load_n(&span_hi, __ATOMIC_RELAXED);
+}
+
 int table_insert(struct block *b)
 {
     if (sorted_reserve() != 0)
@@ -117,6 +140,7 @@ int table_insert(struct block *b)
     memmove(&sorted[i + 1], &sorted[i], (sorted_len - i) * sizeof *sorted);
     sorted[i] = b;
     sorted_len++;
+    span_update();
     HASH_ADD(hh, table_head, base, sizeof(uintptr_t), b);
     return 0;
 }
@@ -129,6 +153,7 @@ void table_remove(struct block *b)
     if (i < sorted_len) {
         memmove(&sorted[i], &sorted[i + 1], (sorted_len - i - 1) * sizeof *sorted);
         sorted_len--;
+        span_update();
     }
     HASH_DELETE(hh, table_head, b);
 }

@@ -62,6 +62,8 @@ struct block *table_find_containing(uintptr_t p);
 /* Up to max blocks whose mappings overlap [start, start+len); returns the count found. */
 size_t table_find_overlapping(uintptr_t start, size_t len, struct block **out, size_t max);
 size_t table_count(void);
+/* Without the lock: 0 when no tracked mapping can hold p (a quick test before the lookup). */
+int table_may_contain(uintptr_t p);
 /* Iterate all blocks (under the lock). */
 #define TABLE_FOREACH(b, tmp) HASH_ITER(hh, table_head, b, tmp)
 extern struct block *table_head;
