@@ -138,14 +138,25 @@ static enum copy_dir memtype_dir(CUmemorytype dst, const void *dst_host, CUdevic
 
 /* ---- stats ------------------------------------------------------------------------------- */
 
-/* t0: shim_ticks() when the copy began. */
+/* The start of a copy of `bytes` for its statistics: shim_ticks(), or 0 when this copy is not
+ * timed (stats.h: small copies are timed one in STATS_TIME_EVERY). */
+static inline uint64_t copy_clock_start(size_t bytes)
+{
+    static __thread unsigned untimed_tick;
+    if (bytes >= STATS_TIME_ALL_MIN || untimed_tick++ % STATS_TIME_EVERY == 0)
+        return shim_ticks();
+    return 0;
+}
+
+/* t0: copy_clock_start() when the copy began. */
 static void record(enum copy_dir dir, enum mem_kind kind, size_t bytes, uint64_t t0, int is_async)
 {
     struct copy_record r = {
         .dir = dir,
         .kind = kind,
         .bytes = bytes,
-        .ns = shim_ns_since(t0),
+        .ns = t0 ? shim_ns_since(t0) : 0,
+        .timed = t0 != 0,
         .is_async = is_async,
         .host_blocked = !is_async || kind == MEM_PAGEABLE || kind == MEM_STAGED ||
                         (kind == MEM_PROMOTED && !shim_cfg.trust_async),
@@ -286,7 +297,7 @@ static CUresult issue_1d_async(const void *arg, CUstream s)
 
 static CUresult route_1d(struct call1d *c)
 {
-    uint64_t t0 = shim_ticks();
+    uint64_t t0 = copy_clock_start(c->n);
     enum hook_flavour flavour = hook_table[c->id].flavour;
     int async = is_async_op(c->op);
     enum copy_dir dir;
@@ -408,7 +419,7 @@ static CUresult count_device_copy(size_t n, int is_async, int peer, uint64_t t0)
 
 CUresult on_dtod(enum hook_id id, CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-    uint64_t t0 = shim_ticks();
+    uint64_t t0 = copy_clock_start(n);
     CUresult r = ((PFN_cuMemcpyDtoD_v3020)real_hook[id])(dst, src, n);
     if (copy_engaged())
         count_device_copy(n, 0, 0, t0);
@@ -417,7 +428,7 @@ CUresult on_dtod(enum hook_id id, CUdeviceptr dst, CUdeviceptr src, size_t n)
 
 CUresult on_dtod_async(enum hook_id id, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    uint64_t t0 = shim_ticks();
+    uint64_t t0 = copy_clock_start(n);
     CUresult r = ((PFN_cuMemcpyDtoDAsync_v3020)real_hook[id])(dst, src, n, s);
     if (copy_engaged())
         count_device_copy(n, 1, 0, t0);
@@ -427,7 +438,7 @@ CUresult on_dtod_async(enum hook_id id, CUdeviceptr dst, CUdeviceptr src, size_t
 CUresult on_peer(enum hook_id id, CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
                  CUcontext src_ctx, size_t n)
 {
-    uint64_t t0 = shim_ticks();
+    uint64_t t0 = copy_clock_start(n);
     CUresult r = ((PFN_cuMemcpyPeer_v4000)real_hook[id])(dst, dst_ctx, src, src_ctx, n);
     if (copy_engaged())
         count_device_copy(n, 0, 1, t0);
@@ -437,7 +448,7 @@ CUresult on_peer(enum hook_id id, CUdeviceptr dst, CUcontext dst_ctx, CUdevicept
 CUresult on_peer_async(enum hook_id id, CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
                        CUcontext src_ctx, size_t n, CUstream s)
 {
-    uint64_t t0 = shim_ticks();
+    uint64_t t0 = copy_clock_start(n);
     CUresult r = ((PFN_cuMemcpyPeerAsync_v4000)real_hook[id])(dst, dst_ctx, src, src_ctx, n, s);
     if (copy_engaged())
         count_device_copy(n, 1, 1, t0);
@@ -475,11 +486,11 @@ static CUresult issue_2d_async(const void *p, CUstream s)
 
 static CUresult route_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, int async)
 {
-    uint64_t t0 = shim_ticks();
+    size_t bytes = p->WidthInBytes * p->Height;
+    uint64_t t0 = copy_clock_start(bytes);
     enum hook_flavour flavour = hook_table[id].flavour;
     enum copy_dir dir = memtype_dir(p->dstMemoryType, p->dstHost, p->dstDevice, p->srcMemoryType,
                                     p->srcHost, p->srcDevice);
-    size_t bytes = p->WidthInBytes * p->Height;
     if (dir == DIR_D2D || dir == DIR_H2H) {
         CUresult r = call_2d(id, p, s, async);
         record(dir, dir == DIR_D2D ? MEM_DEVICE : MEM_PAGEABLE, bytes, t0, async);
@@ -566,10 +577,10 @@ static CUresult call_3d(enum hook_id id, const CUDA_MEMCPY3D *p, CUstream s, int
 /* 3D copies: promotion and pageable semantics as for 1D, no staging, no rewrite. */
 static CUresult route_3d(enum hook_id id, const CUDA_MEMCPY3D *p, CUstream s, int async)
 {
-    uint64_t t0 = shim_ticks();
+    size_t bytes = p->WidthInBytes * p->Height * p->Depth;
+    uint64_t t0 = copy_clock_start(bytes);
     enum copy_dir dir = memtype_dir(p->dstMemoryType, p->dstHost, p->dstDevice, p->srcMemoryType,
                                     p->srcHost, p->srcDevice);
-    size_t bytes = p->WidthInBytes * p->Height * p->Depth;
     if (dir == DIR_D2D || dir == DIR_H2H) {
         CUresult r = call_3d(id, p, s, async);
         record(dir, dir == DIR_D2D ? MEM_DEVICE : MEM_PAGEABLE, bytes, t0, async);
@@ -628,7 +639,7 @@ static enum copy_dir peer3d_dir(const CUDA_MEMCPY3D_PEER *p)
 
 CUresult on_3dpeer(enum hook_id id, const CUDA_MEMCPY3D_PEER *p)
 {
-    uint64_t t0 = shim_ticks();
+    uint64_t t0 = copy_clock_start(p ? p->WidthInBytes * p->Height * p->Depth : 0);
     CUresult r = ((PFN_cuMemcpy3DPeer_v4000)real_hook[id])(p);
     if (copy_engaged() && p) {
         shim_enter();
@@ -642,7 +653,7 @@ CUresult on_3dpeer(enum hook_id id, const CUDA_MEMCPY3D_PEER *p)
 
 CUresult on_3dpeer_async(enum hook_id id, const CUDA_MEMCPY3D_PEER *p, CUstream s)
 {
-    uint64_t t0 = shim_ticks();
+    uint64_t t0 = copy_clock_start(p ? p->WidthInBytes * p->Height * p->Depth : 0);
     CUresult r = ((PFN_cuMemcpy3DPeerAsync_v4000)real_hook[id])(p, s);
     if (copy_engaged() && p) {
         shim_enter();

@@ -175,11 +175,19 @@ static void sum_shards(size_t offset, uint64_t *out, size_t n)
     pthread_mutex_unlock(&shards_lock);
 }
 
+/* The time of `count` copies from the `timed` ones among them. */
+static uint64_t scaled_ns(uint64_t ns, uint64_t count, uint64_t timed)
+{
+    if (!timed || timed >= count)
+        return ns;
+    return (uint64_t)((double)ns * (double)count / (double)timed);
+}
+
 static struct dir_totals sum_totals(size_t offset)
 {
-    uint64_t v[3];
-    sum_shards(offset, v, 3);
-    return (struct dir_totals){ v[0], v[1], v[2] };
+    uint64_t v[4];
+    sum_shards(offset, v, 4);
+    return (struct dir_totals){ v[0], v[1], scaled_ns(v[2], v[0], v[3]), v[3] };
 }
 
 unsigned stats_hist_index(uint64_t bytes)
@@ -195,7 +203,7 @@ uint64_t stats_hist_min_bytes(unsigned index)
 struct dir_totals stats_hist(unsigned index)
 {
     if (index >= STATS_HIST_BUCKETS)
-        return (struct dir_totals){ 0, 0, 0 };
+        return (struct dir_totals){ 0, 0, 0, 0 };
     return sum_totals(offsetof(struct stats_shard, hist) + index * sizeof(struct dir_totals));
 }
 
@@ -206,10 +214,14 @@ void stats_record_copy(const struct copy_record *r)
     struct stats_shard *sh = shard();
     shard_add(sh, &sh->dir[r->dir].count, 1);
     shard_add(sh, &sh->dir[r->dir].bytes, r->bytes);
-    shard_add(sh, &sh->dir[r->dir].ns, r->ns);
     shard_add(sh, &sh->kind[r->kind].count, 1);
     shard_add(sh, &sh->kind[r->kind].bytes, r->bytes);
-    shard_add(sh, &sh->kind[r->kind].ns, r->ns);
+    if (r->timed) {
+        shard_add(sh, &sh->dir[r->dir].ns, r->ns);
+        shard_add(sh, &sh->dir[r->dir].timed, 1);
+        shard_add(sh, &sh->kind[r->kind].ns, r->ns);
+        shard_add(sh, &sh->kind[r->kind].timed, 1);
+    }
     unsigned h = stats_hist_index(r->bytes);
     shard_add(sh, &sh->hist[h].count, 1);
     shard_add(sh, &sh->hist[h].bytes, r->bytes);
@@ -271,14 +283,14 @@ static void promotion_off_reason(char *buf, size_t bufsz)
 struct dir_totals stats_dir(enum copy_dir d)
 {
     if ((unsigned)d >= DIR_COUNT)
-        return (struct dir_totals){ 0, 0, 0 };
+        return (struct dir_totals){ 0, 0, 0, 0 };
     return sum_totals(offsetof(struct stats_shard, dir) + d * sizeof(struct dir_totals));
 }
 
 struct dir_totals stats_kind(enum mem_kind k)
 {
     if ((unsigned)k >= MEM_KIND_COUNT)
-        return (struct dir_totals){ 0, 0, 0 };
+        return (struct dir_totals){ 0, 0, 0, 0 };
     return sum_totals(offsetof(struct stats_shard, kind) + k * sizeof(struct dir_totals));
 }
 
@@ -286,7 +298,6 @@ struct dir_totals stats_kind(enum mem_kind k)
 
 #define SITE_KEY_FRAMES 3      /* a site is its first 3 return addresses outside shim and driver */
 #define SITE_WALK_FRAMES 16    /* enough for the shim's and the runtime's frames plus the key */
-#define SITE_SAMPLE_EVERY 64   /* copies under PINSHIM_CALLSITE_MIN: 1 in 64, counted x64 */
 #define SITE_MAX 4096          /* distinct sites kept; bounds the memory the table can take */
 #define SITE_TOP_JSON 20
 #define SITE_TOP_REPORT 10
@@ -296,7 +307,7 @@ static const char *const flag_names[FLAG_COUNT] = { "async_from_pageable", "sync
 
 struct site_totals {
     void *key[SITE_KEY_FRAMES];
-    uint64_t count, bytes, ns;
+    uint64_t count, bytes, ns, timed;   /* ns: of the timed copies only (weighted) */
     uint64_t kind_count[MEM_KIND_COUNT];
     unsigned flag_kinds[FLAG_COUNT];   /* per flag: bit k set when a copy of kind k raised it */
     bool sampled;                      /* some counts are scaled-up samples */
@@ -360,12 +371,16 @@ static bool frame_is_skipped(void *addr)
 
 __attribute__((noinline)) void stats_record_site(const struct copy_record *r)
 {
-    static __thread uint32_t small_copy_tick;
+    /* A stack walk costs microseconds: copies under PINSHIM_CALLSITE_MIN are sampled, the
+     * smallest (a few microseconds each) most sparsely. */
+    static __thread uint32_t sample_tick[2];
     uint64_t weight = 1;
     if (r->bytes < shim_cfg.callsite_min) {
-        if (small_copy_tick++ % SITE_SAMPLE_EVERY)
+        int small = r->bytes < STATS_TIME_ALL_MIN;
+        uint32_t every = small ? STATS_SITE_SAMPLE_EVERY_SMALL : STATS_SITE_SAMPLE_EVERY;
+        if (sample_tick[small]++ % every)
             return;
-        weight = SITE_SAMPLE_EVERY;
+        weight = every;
     }
     if ((unsigned)r->kind >= MEM_KIND_COUNT)
         return;
@@ -417,7 +432,10 @@ __attribute__((noinline)) void stats_record_site(const struct copy_record *r)
     if (s) {
         s->t.count += weight;
         s->t.bytes += (uint64_t)r->bytes * weight;
-        s->t.ns += r->ns * weight;
+        if (r->timed) {
+            s->t.ns += r->ns * weight;
+            s->t.timed += weight;
+        }
         s->t.kind_count[r->kind] += weight;
         for (int f = 0; f < FLAG_COUNT; f++)
             if (raised & (1u << f))
@@ -444,6 +462,7 @@ static size_t top_sites(struct site_totals *top, size_t max, uint64_t *distinct,
         size_t moved = (used < max ? used : max - 1) - at;
         memmove(&top[at + 1], &top[at], moved * sizeof *top);
         top[at] = s->t;
+        top[at].ns = scaled_ns(s->t.ns, s->t.count, s->t.timed);
         if (used < max)
             used++;
     }
@@ -711,8 +730,9 @@ static void write_json(struct out *o)
     uint64_t distinct, dropped;
     size_t n = top_sites(top, SITE_TOP_JSON, &distinct, &dropped);
     out_fmt(o, "],\n\"call_sites_total\":%llu,\"call_site_copies_dropped\":%llu,"
-               "\"call_site_sampling\":%d,\n\"call_sites\":[",
-            (unsigned long long)distinct, (unsigned long long)dropped, SITE_SAMPLE_EVERY);
+               "\"call_site_sampling\":%d,\"call_site_sampling_small\":%d,\n\"call_sites\":[",
+            (unsigned long long)distinct, (unsigned long long)dropped, STATS_SITE_SAMPLE_EVERY,
+            STATS_SITE_SAMPLE_EVERY_SMALL);
     for (size_t i = 0; i < n; i++) {
         json_site(o, &top[i], i == 0);
         out_str(o, "\n");
@@ -868,10 +888,10 @@ static void write_report(struct out *o)
     struct site_totals top[SITE_TOP_REPORT];
     uint64_t distinct, dropped;
     size_t n = top_sites(top, SITE_TOP_REPORT, &distinct, &dropped);
-    out_fmt(o, "\ncall sites: top %zu of %llu by bytes (copies under %s sampled 1 in %d and "
-               "scaled, marked ~)\n",
+    out_fmt(o, "\ncall sites: top %zu of %llu by bytes (copies under %s sampled 1 in %d, under "
+               "1 MiB 1 in %d, and scaled, marked ~)\n",
             n, (unsigned long long)distinct, human_bytes(shim_cfg.callsite_min, b1, sizeof b1),
-            SITE_SAMPLE_EVERY);
+            STATS_SITE_SAMPLE_EVERY, STATS_SITE_SAMPLE_EVERY_SMALL);
     for (size_t i = 0; i < n; i++)
         report_site(o, (unsigned)i + 1, &top[i]);
     if (dropped)

@@ -202,7 +202,15 @@ static int python_check(const char *path, const char *checks)
 static inline __attribute__((always_inline)) void record(enum copy_dir dir, enum mem_kind kind, size_t bytes, uint64_t ns, int is_async,
                    int host_blocked)
 {
-    struct copy_record r = { dir, kind, bytes, ns, is_async, host_blocked };
+    struct copy_record r = { dir, kind, bytes, ns, 1, is_async, host_blocked };
+    stats_record_copy(&r);
+    stats_record_site(&r);
+}
+
+/* A copy whose time was not measured (the copy path times small copies one in a few). */
+static void record_untimed(enum copy_dir dir, enum mem_kind kind, size_t bytes)
+{
+    struct copy_record r = { dir, kind, bytes, 0, 0, 0, 1 };
     stats_record_copy(&r);
     stats_record_site(&r);
 }
@@ -241,12 +249,12 @@ static void test_counts_and_histogram(void)
     CHECK(stats_hist_min_bytes(12) == 2048 && stats_hist_min_bytes(13) == 4096);
 
     struct copy_record copies[] = {
-        { DIR_H2D, MEM_PAGEABLE, 4096, 1000, 0, 1 },
-        { DIR_H2D, MEM_PAGEABLE, 4096, 3000, 0, 1 },
-        { DIR_D2H, MEM_PROMOTED, 1 << 20, 500000, 0, 1 },
-        { DIR_D2D, MEM_DEVICE, 0, 10, 1, 0 },
-        { DIR_H2H, MEM_STAGED, 4095, 7, 0, 1 },
-        { DIR_H2D, MEM_PINNED, 1, 5, 1, 0 },
+        { DIR_H2D, MEM_PAGEABLE, 4096, 1000, 1, 0, 1 },
+        { DIR_H2D, MEM_PAGEABLE, 4096, 3000, 1, 0, 1 },
+        { DIR_D2H, MEM_PROMOTED, 1 << 20, 500000, 1, 0, 1 },
+        { DIR_D2D, MEM_DEVICE, 0, 10, 1, 1, 0 },
+        { DIR_H2H, MEM_STAGED, 4095, 7, 1, 0, 1 },
+        { DIR_H2D, MEM_PINNED, 1, 5, 1, 1, 0 },
     };
     for (size_t i = 0; i < sizeof copies / sizeof copies[0]; i++)
         stats_record_copy(&copies[i]);
@@ -290,7 +298,9 @@ static void test_json_and_report(void)
     for (volatile int i = 0; i < 2; i++)   /* one site: the key includes the caller's frames */
         site_big_h2d();
     site_async_pageable();
-    for (int i = 0; i < 64; i++)   /* under PINSHIM_CALLSITE_MIN: one of these 64 is sampled */
+    /* Under PINSHIM_CALLSITE_MIN and 1 MiB: one of these 1024 is sampled (the numbers below). */
+    _Static_assert(STATS_SITE_SAMPLE_EVERY_SMALL == 1024, "small-copy site sampling is 1 in 1024");
+    for (int i = 0; i < STATS_SITE_SAMPLE_EVERY_SMALL; i++)
         site_small();
     record(DIR_D2D, MEM_DEVICE, 0, 10, 0, 0);
     stats_add(STAT_PROMOTIONS, 7);
@@ -316,8 +326,8 @@ static void test_json_and_report(void)
     close(fd);
     int rc = python_check(path,
         "c=d[\"copies\"]; m=d[\"memory\"]; s=d[\"call_sites\"]\n"
-        "assert c[\"h2d\"][\"count\"]==4 and c[\"d2h\"][\"count\"]==64 and c[\"d2d\"][\"count\"]==1\n"
-        "assert m[\"promoted\"][\"bytes\"]==128<<20 and m[\"pinned\"][\"count\"]==64\n"
+        "assert c[\"h2d\"][\"count\"]==4 and c[\"d2h\"][\"count\"]==1024 and c[\"d2d\"][\"count\"]==1\n"
+        "assert m[\"promoted\"][\"bytes\"]==128<<20 and m[\"pinned\"][\"count\"]==1024\n"
         "assert d[\"promotions\"][\"count\"]==7 and d[\"promotions\"][\"bytes\"]==3<<30\n"
         "assert d[\"promotions\"][\"registered_bytes_peak\"]==5<<20\n"
         "assert abs(d[\"promotions\"][\"register_seconds\"]-1.5)<1e-9\n"
@@ -328,7 +338,7 @@ static void test_json_and_report(void)
         "assert s[0][\"paths\"][\"promoted\"]==2 and s[0][\"flags\"]==[\"sync_blocking\"]\n"
         "a=s[1]; assert a[\"bytes\"]==4<<20 and a[\"flags\"]==[\"async_from_pageable\"]\n"
         "assert a[\"flag_paths\"][\"async_from_pageable\"]==[\"pageable\",\"staged\"]\n"
-        "p=[x for x in s if x[\"paths\"][\"pinned\"]][0]; assert p[\"count\"]==64 and p[\"sampled\"]\n"
+        "p=[x for x in s if x[\"paths\"][\"pinned\"]][0]; assert p[\"count\"]==1024 and p[\"sampled\"]\n"
         "assert p[\"flags\"]==[]\n"
         "assert s[0][\"site\"]!=a[\"site\"] and all(x[\"site\"] for x in s)\n");
     unlink(path);
@@ -349,20 +359,20 @@ static void test_json_and_report(void)
     CHECK(strstr(text, "pinshim report, pid ") && strstr(text, "mode full"));
     CHECK(strstr(text, "promotion: disabled: quote"));
     CHECK(strstr(text, "128.00 MiB") && strstr(text, "132.00 MiB"));   /* promoted; h2d total */
-    CHECK(strstr(text, "6.25 KiB"));                                     /* 64 x 100 bytes */
+    CHECK(strstr(text, "100.00 KiB"));                                   /* 1024 x 100 bytes */
     CHECK(strstr(text, "promotions: 7 (3.00 GiB)") && strstr(text, "peak registered 5.00 MiB"));
     CHECK(strstr(text, "11 sync copies made async") && strstr(text, "staging: 4 copies"));
     CHECK(strstr(text, "2 frees in forked children"));
     CHECK(strstr(text, "async_from_pageable; the shim: left pageable, staged"));
     CHECK(strstr(text, "sync_blocking; the shim: promoted"));
-    CHECK(strstr(text, "~64 copies"));
+    CHECK(strstr(text, "~1024 copies"));
     /* h2d: 4 copies, 132 MiB in 5.5 ms = 25.17 GB/s */
     char *h2d = strstr(text, "\nh2d ");
     unsigned long long count = 0;
     CHECK(h2d && sscanf(h2d, "\nh2d %llu", &count) == 1 && count == 4 && strstr(h2d, " 25.17\n"));
-    /* promoted share: 128 of 132.0061 MiB = 97.0% */
+    /* promoted share: 128 of 132.0977 MiB = 96.9% */
     char *promoted = strstr(text, "\npromoted ");
-    CHECK(promoted && strstr(promoted, " 97.0%\n"));
+    CHECK(promoted && strstr(promoted, " 96.9%\n"));
     CHECK(strstr(text, ">= 64 B") && strstr(text, ">= 64.00 MiB"));
 
     stats_reset();
@@ -416,7 +426,7 @@ static pthread_barrier_t live_barrier;
 
 static void *copy_then_wait(void *arg)
 {
-    struct copy_record r = { DIR_H2D, MEM_PINNED, 4096, 1000, 0, 1 };
+    struct copy_record r = { DIR_H2D, MEM_PINNED, 4096, 1000, 1, 0, 1 };
     for (int i = 0; i < 10; i++)
         stats_record_copy(&r);
     stats_count_entry(0);
@@ -463,6 +473,41 @@ static void test_copy_clock(void)
            "30 ms sleep timed as %llu ns by the copy clock (%llu ns by CLOCK_MONOTONIC, TSC %s)",
            (unsigned long long)took, (unsigned long long)wall, shim_tsc_ok ? "used" : "not used");
     CHECK(shim_ns_since(shim_ticks() + 1000000000ull) == 0);   /* a clock going backwards */
+}
+
+/* Copies whose time was not measured count and move bytes as usual; their time is the average
+ * of the timed ones, in every total and in their call site's. */
+__attribute__((noinline)) static void site_partly_timed(int timed)
+{
+    if (timed)
+        record(DIR_H2D, MEM_PAGEABLE, 4096, 8000, 0, 1);
+    else
+        record_untimed(DIR_H2D, MEM_PAGEABLE, 4096);
+    __asm__ volatile("");
+}
+
+static void test_partly_timed(void)
+{
+    stats_reset();
+    shim_cfg.callsite_min = 0;   /* every copy takes the walk: one site, weight 1 */
+    for (volatile int i = 0; i < 8; i++)
+        site_partly_timed(i % 4 == 0);   /* 2 of 8 timed, 8 us each */
+    struct dir_totals d = stats_dir(DIR_H2D), k = stats_kind(MEM_PAGEABLE);
+    CHECKF(d.count == 8 && d.bytes == 8 * 4096 && d.timed == 2 && d.ns == 64000,
+           "direction total: 8 copies, 2 timed, 64 us (%llu, %llu, %llu ns)",
+           (unsigned long long)d.count, (unsigned long long)d.timed, (unsigned long long)d.ns);
+    CHECK(k.count == 8 && k.timed == 2 && k.ns == 64000);
+    record_untimed(DIR_D2H, MEM_PINNED, 100);
+    d = stats_dir(DIR_D2H);
+    CHECKF(d.count == 1 && d.timed == 0 && d.ns == 0, "no timed copy: no time");
+
+    capture(stats_write_json);
+    CHECK(json_valid(text));
+    CHECKF(strstr(text, "\"h2d\":{\"count\":8,\"bytes\":32768,\"seconds\":0.000064}") != NULL,
+           "json: the direction's seconds are scaled from the timed copies");
+    CHECKF(strstr(text, "\"count\":8,\"bytes\":32768,\"seconds\":0.000064,\"sampled\":false") != NULL,
+           "json: the call site's seconds too");
+    shim_cfg.callsite_min = 64u << 20;
 }
 
 static int count_entries(const char *dir, const char *containing)
@@ -603,6 +648,7 @@ int main(void)
     test_threads();
     test_live_and_exited_threads();
     test_copy_clock();
+    test_partly_timed();
     test_finish();
     stats_reset();
     return TEST_SUMMARY();
