@@ -27,6 +27,8 @@
 #   BENCH_TIMEOUT=600   seconds per run before it is killed
 #   BENCH_BUDGET_STAGING=64M  PINSHIM_BUDGET for the staging benchmark
 #   BENCH_SWEEP_ARGS=...      gpu_bandwidth sweep arguments (sizes, factor, repetitions)
+#   BENCH_COMMIT=abc123       the commit the summary names, where the tree was copied without
+#                             its history (default: git rev-parse HEAD)
 set -u
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -95,7 +97,7 @@ fi
         echo "nvcc=not found"
     fi
     echo "python=$(python3 -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)"
-    echo "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "commit=${BENCH_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
     echo "reps=$REPS"
     echo "sweep_reps=$SWEEP_REPS"
     echo "quick=$QUICK"
