@@ -5,7 +5,7 @@
  *   - blocks smaller than PINSHIM_MIN_SIZE never are;
  *   - cuMemHostAlloc / cuMemAllocHost memory is the program's: never registered by the shim, and
  *     copying from it does not grow the registered bytes;
- *   - memory the driver mallocs for itself is never promoted (the shim leaves it to libc);
+ *   - memory the driver mallocs or maps for itself is never promoted (the shim leaves it alone);
  *   - read-only mappings (a file mapped PROT_READ, an anonymous mapping made read-only with
  *     mprotect) work as H2D sources. */
 #define _GNU_SOURCE
@@ -118,6 +118,19 @@ int main(void)
     CHECKF(data_ok, "copies from the driver's own memory are correct");
     CHECKF(!fakecuda_registered(own, n), "the driver's own allocation is never promoted");
     fakecuda_driver_free(own);
+    unsigned char *own_map = fakecuda_driver_mmap(n);
+    CHECK(own_map != NULL);
+    data_ok = 1;
+    for (unsigned i = 0; i < 6; i++) {
+        fill_pattern(own_map, n, 86 + i);
+        HTOD(dev, own_map, n);
+        memset(check, 0, n);
+        DTOH(check, dev, n);
+        data_ok &= check_pattern(check, n, 86 + i);
+    }
+    CHECKF(data_ok, "copies from the driver's own mapping are correct");
+    CHECKF(!fakecuda_registered(own_map, n), "the driver's own mapping is never promoted");
+    munmap(own_map, n);
 
     /* ---- read-only H2D sources ---- */
     const size_t ro_n = 4u << 20;

@@ -26,9 +26,11 @@ size_t fakecuda_node_registered_peak(void);
 CUresult fakecuda_launch_write(CUstream s, CUdeviceptr dst, int value, size_t n, unsigned delay_us);
 CUresult fakecuda_launch_write_ptsz(CUstream s, CUdeviceptr dst, int value, size_t n, unsigned delay_us);
 
-/* malloc and free called from inside the driver's code, as the driver does for its own data. */
+/* malloc, free and mmap called from inside the driver's code, as the driver does for its own
+ * data (the mapping is anonymous and read-write; NULL on failure; release it with munmap). */
 void *fakecuda_driver_malloc(size_t n);
 void fakecuda_driver_free(void *p);
+void *fakecuda_driver_mmap(size_t n);
 
 /* Violations detected so far (each also printed as "fakecuda: VIOLATION: ..." on stderr). */
 unsigned long fakecuda_violations(void);

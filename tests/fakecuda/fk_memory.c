@@ -681,3 +681,10 @@ FK_PUBLIC void fakecuda_driver_free(void *p)
     free(p);
     __asm__ volatile("" ::: "memory");
 }
+
+FK_PUBLIC void *fakecuda_driver_mmap(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    __asm__ volatile("" : "+r"(p));
+    return p == MAP_FAILED ? NULL : p;
+}
