@@ -372,15 +372,18 @@ static bool frame_is_skipped(void *addr)
 __attribute__((noinline)) void stats_record_site(const struct copy_record *r)
 {
     /* A stack walk costs microseconds: copies under PINSHIM_CALLSITE_MIN are sampled, the
-     * smallest (a few microseconds each) most sparsely. */
+     * smallest (a few microseconds each) most sparsely.  A thread's first copy of a class
+     * stands for itself; each later sample for the copies since the previous one, so a short
+     * program is never credited with copies it did not make. */
     static __thread uint32_t sample_tick[2];
     uint64_t weight = 1;
     if (r->bytes < shim_cfg.callsite_min) {
         int small = r->bytes < STATS_TIME_ALL_MIN;
         uint32_t every = small ? STATS_SITE_SAMPLE_EVERY_SMALL : STATS_SITE_SAMPLE_EVERY;
-        if (sample_tick[small]++ % every)
+        uint32_t tick = sample_tick[small]++;
+        if (tick % every)
             return;
-        weight = every;
+        weight = tick ? every : 1;
     }
     if ((unsigned)r->kind >= MEM_KIND_COUNT)
         return;
