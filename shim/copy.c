@@ -41,14 +41,10 @@ static enum mem_kind classify_host(uintptr_t p, size_t n, enum copy_dir dir, int
     if (!table_may_contain(p))
         return MEM_PAGEABLE;
     table_lock();
-    struct block *b = table_find_containing(p);
-    while (b && b->reg_changing) {
-        /* Being registered or unregistered by another thread: until that is done the driver
-         * may see the memory as pinned while the shim's records say pageable, so neither path
-         * is right yet.  Wait, then look again. */
-        table_wait_reg_settled(b);
-        b = table_find_containing(p);
-    }
+    /* A block being registered or unregistered by another thread: until that is done the
+     * driver may see the memory as pinned while the shim's records say pageable, so neither
+     * path is right yet. */
+    struct block *b = table_find_containing_settled(p);
     if (!b || b->state == BLOCK_CACHED || p + n > b->map_base + b->map_len) {
         table_unlock();
         return MEM_PAGEABLE;

@@ -34,14 +34,10 @@ CUresult on_host_unregister(enum hook_id id, void *p)
     /* Without the shim this memory is not registered at all: answer as the driver would then,
      * and never let the program's call take the shim's registration away (rules 3 and 4). */
     struct block *claimed = NULL;
-    if (copy_engaged() && !pinned_contains((uintptr_t)p, 1) && table_count()) {
+    if (copy_engaged() && !pinned_contains((uintptr_t)p, 1) && table_may_contain((uintptr_t)p)) {
         table_lock();
-        struct block *b = table_find_containing((uintptr_t)p);
-        while (b && b->reg_changing) {
-            /* The shim is registering or unregistering it: wait for the outcome. */
-            table_wait_reg_settled(b);
-            b = table_find_containing((uintptr_t)p);
-        }
+        /* The shim may be registering or unregistering it: wait for the outcome. */
+        struct block *b = table_find_containing_settled((uintptr_t)p);
         if (b && b->state != BLOCK_PAGEABLE && (uintptr_t)p >= b->reg_base &&
             (uintptr_t)p < b->reg_base + b->reg_len) {
             table_unlock();

@@ -201,6 +201,16 @@ void table_wait_reg_settled(struct block *b)
     }
 }
 
+struct block *table_find_containing_settled(uintptr_t p)
+{
+    struct block *b = table_find_containing(p);
+    while (b && b->reg_changing) {
+        table_wait_reg_settled(b);
+        b = table_find_containing(p);
+    }
+    return b;
+}
+
 size_t table_count(void)
 {
     return sorted_len;

@@ -80,6 +80,9 @@ int pinned_contains(uintptr_t p, size_t len); /* 1 if [p, p+len) lies inside one
 
 /* Table lock held: wait (lock dropped meanwhile) until b's registration is not changing. */
 void table_wait_reg_settled(struct block *b);
+/* Table lock held: the block holding p once no registration of it is being made or removed
+ * (the lock is dropped while waiting, so the block is looked up again), or NULL. */
+struct block *table_find_containing_settled(uintptr_t p);
 
 /* After fork the child re-creates the locks. */
 void table_after_fork_child(void);
