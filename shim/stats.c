@@ -162,12 +162,16 @@ static inline void shard_add(struct stats_shard *sh, uint64_t *p, uint64_t v)
         add_relaxed(p, v);
 }
 
+/* Shards lock held: every shard, `retired` first, then the live threads' ones. */
+#define FOR_EACH_SHARD(sh) \
+    for (struct stats_shard *sh = &retired; sh; sh = sh == &retired ? live_shards : sh->next)
+
 /* The sum over all threads, live and exited, of the uint64 counters at `offset` in a shard. */
 static void sum_shards(size_t offset, uint64_t *out, size_t n)
 {
     memset(out, 0, n * sizeof *out);
     pthread_mutex_lock(&shards_lock);
-    for (struct stats_shard *sh = &retired; sh; sh = sh == &retired ? live_shards : sh->next) {
+    FOR_EACH_SHARD(sh) {
         const uint64_t *v = (const uint64_t *)((const char *)sh + offset);
         for (size_t i = 0; i < n; i++)
             out[i] += load_relaxed(&v[i]);
@@ -962,7 +966,7 @@ void stats_reset(void)
 {
     shim_enter();
     pthread_mutex_lock(&shards_lock);
-    for (struct stats_shard *sh = &retired; sh; sh = sh == &retired ? live_shards : sh->next) {
+    FOR_EACH_SHARD(sh) {
         uint64_t *v = (uint64_t *)sh;
         for (size_t i = 0; i < SHARD_WORDS; i++)
             __atomic_store_n(&v[i], 0, __ATOMIC_RELAXED);
