@@ -20,6 +20,22 @@ static unsigned long h2d, d2h, d2d;
 #define HTOD(d, s, n) do { CU(cuMemcpyHtoD(d, s, n)); h2d++; } while (0)
 #define DTOH(d, s, n) do { CU(cuMemcpyDtoH(d, s, n)); d2h++; } while (0)
 
+/* `times` rounds of: fill src with a fresh pattern, H2D, read back into check; 1 when every
+ * round read back its own pattern.  Enough rounds to make a promotable source hot. */
+static int hot_round_trips(CUdeviceptr dev, unsigned char *src, unsigned char *check, size_t n,
+                           unsigned times, unsigned first_seed)
+{
+    int ok = 1;
+    for (unsigned i = 0; i < times; i++) {
+        fill_pattern(src, n, first_seed + i);
+        HTOD(dev, src, n);
+        memset(check, 0, n);
+        DTOH(check, dev, n);
+        ok &= check_pattern(check, n, first_seed + i);
+    }
+    return ok;
+}
+
 int main(void)
 {
     drvtest_init();
@@ -35,14 +51,7 @@ int main(void)
     /* ---- a hot H2D source ---- */
     unsigned char *hot = malloc(n);
     CHECK(hot != NULL);
-    int data_ok = 1;
-    for (unsigned i = 0; i < 6; i++) {
-        fill_pattern(hot, n, 10 + i);
-        HTOD(dev, hot, n);
-        memset(check, 0, n);
-        DTOH(check, dev, n);
-        data_ok &= check_pattern(check, n, 10 + i);
-    }
+    int data_ok = hot_round_trips(dev, hot, check, n, 6, 10);
     CHECKF(data_ok, "hot H2D source: every copy carries its own content");
     int reg = fakecuda_registered(hot, n);
     printf("info: hot buffer registered=%d\n", reg);
@@ -107,28 +116,12 @@ int main(void)
      * though the same copies promote the program's own buffer above ---- */
     unsigned char *own = fakecuda_driver_malloc(n);
     CHECK(own != NULL);
-    data_ok = 1;
-    for (unsigned i = 0; i < 6; i++) {
-        fill_pattern(own, n, 80 + i);
-        HTOD(dev, own, n);
-        memset(check, 0, n);
-        DTOH(check, dev, n);
-        data_ok &= check_pattern(check, n, 80 + i);
-    }
-    CHECKF(data_ok, "copies from the driver's own memory are correct");
+    CHECKF(hot_round_trips(dev, own, check, n, 6, 80), "copies from the driver's own memory are correct");
     CHECKF(!fakecuda_registered(own, n), "the driver's own allocation is never promoted");
     fakecuda_driver_free(own);
     unsigned char *own_map = fakecuda_driver_mmap(n);
     CHECK(own_map != NULL);
-    data_ok = 1;
-    for (unsigned i = 0; i < 6; i++) {
-        fill_pattern(own_map, n, 86 + i);
-        HTOD(dev, own_map, n);
-        memset(check, 0, n);
-        DTOH(check, dev, n);
-        data_ok &= check_pattern(check, n, 86 + i);
-    }
-    CHECKF(data_ok, "copies from the driver's own mapping are correct");
+    CHECKF(hot_round_trips(dev, own_map, check, n, 6, 86), "copies from the driver's own mapping are correct");
     CHECKF(!fakecuda_registered(own_map, n), "the driver's own mapping is never promoted");
     munmap(own_map, n);
 
