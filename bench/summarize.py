@@ -154,28 +154,24 @@ class Data:
                 and isinstance(r[metric], (int, float))
                 and all(r.get(k) == v for k, v in match.items())]
 
+    def by_run(self, case, metric, **match):
+        """{(side, rep): value} of the records that match."""
+        return {(r["side"], r["rep"]): r[metric] for r in self.records
+                if r["case"] == case and metric in r and isinstance(r[metric], (int, float))
+                and all(r.get(k) == v for k, v in match.items())}
+
     def pair_ratios(self, case, metric, **match):
         """shim / plain of the same repetition, for every pair where both ran."""
-        by_rep = {}
-        for r in self.records:
-            if (r["case"] == case and metric in r and isinstance(r[metric], (int, float))
-                    and all(r.get(k) == v for k, v in match.items())):
-                by_rep.setdefault(r["rep"], {})[r["side"]] = r[metric]
-        return [v["shim"] / v["plain"] for v in by_rep.values()
-                if "shim" in v and "plain" in v and v["plain"] > 0]
+        v = self.by_run(case, metric, **match)
+        return [v[("shim", rep)] / v[("plain", rep)] for side, rep in v
+                if side == "plain" and ("shim", rep) in v and v[("plain", rep)] > 0]
 
     def same_side_neighbours(self, case, metric, **match):
         """later / earlier for runs of one side that ran one right after the other (an A/A
         comparison: what the pair ratios look like when nothing differs)."""
-        seq = []
-        for run in self.runs:   # manifest order is run order
-            if run["case"] != case or run["rc"] != 0:
-                continue
-            v = [r[metric] for r in self.records
-                 if r["case"] == case and r["side"] == run["side"] and r["rep"] == int(run["rep"])
-                 and metric in r and all(r.get(k) == x for k, x in match.items())]
-            if v:
-                seq.append((run["side"], v[0]))
+        v = self.by_run(case, metric, **match)
+        seq = [(run["side"], v[(run["side"], int(run["rep"]))]) for run in self.runs   # run order
+               if run["case"] == case and (run["side"], int(run["rep"])) in v]
         return [b / a for (sa, a), (sb, b) in zip(seq, seq[1:]) if sa == sb and a > 0]
 
     def med(self, case, side, metric, **match):
