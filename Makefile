@@ -12,13 +12,13 @@ CFLAGS_COMMON := -std=gnu11 -O2 -g -pthread $(WARN) -I$(CUDA_INC) -I$(UTHASH_INC
 SHIM_CFLAGS := $(CFLAGS_COMMON) -fPIC -fvisibility=hidden -ftls-model=initial-exec -Ishim -I$(CUDA_INC)/nvtx3
 TEST_CFLAGS := $(CFLAGS_COMMON) -Ishim -Itests/fakecuda -Itests
 
-SHIM_SRCS  := $(wildcard shim/*.c)
+SHIM_SRCS  := $(wildcard shim/*/*.c)
 # The hook layer: everything else is logic that unit tests link without preloading.
-HOOK_SRCS  := shim/doors.c shim/alloc_hooks.c
+HOOK_SRCS  := $(wildcard shim/hook/*.c)
 LOGIC_SRCS := $(filter-out $(HOOK_SRCS),$(SHIM_SRCS))
 SHIM_OBJS  := $(SHIM_SRCS:shim/%.c=$(BUILD)/obj/%.o)
 LOGIC_OBJS := $(LOGIC_SRCS:shim/%.c=$(BUILD)/obj/%.o)
-SHIM_HDRS  := $(wildcard shim/*.h shim/*.def)
+SHIM_HDRS  := $(wildcard shim/*/*.h shim/*/*.def)
 
 FAKE_SRCS  := $(wildcard tests/fakecuda/*.c)
 FAKE_HDRS  := $(wildcard tests/fakecuda/*.h)
@@ -44,8 +44,8 @@ $(BUILD)/obj/%.o: shim/%.c $(SHIM_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(SHIM_CFLAGS) -c $< -o $@
 
-$(BUILD)/libpinshim.so: $(SHIM_OBJS) shim/exports.map
-	$(CC) $(SHIM_CFLAGS) -shared -o $@ $(SHIM_OBJS) -Wl,--version-script=shim/exports.map -Wl,-z,now -ldl -lrt
+$(BUILD)/libpinshim.so: $(SHIM_OBJS) shim/hook/exports.map
+	$(CC) $(SHIM_CFLAGS) -shared -o $@ $(SHIM_OBJS) -Wl,--version-script=shim/hook/exports.map -Wl,-z,now -ldl -lrt
 
 $(FAKE_LIB): $(FAKE_SRCS) $(FAKE_HDRS)
 	@mkdir -p $(dir $@)

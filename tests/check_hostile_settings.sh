@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/check_hostile_settings.sh BUILD: every setting of shim/settings.def, set to hostile text,
+# tests/check_hostile_settings.sh BUILD: every setting of shim/base/settings.def, set to hostile text,
 # leaves a fake-driver program's output and exit status exactly as without the shim (rule 9, 10):
 #   - empty or blank: treated as unset, nothing on stderr;
 #   - garbage, negative, overflowing, unknown units, control bytes, very long: exactly one
@@ -17,7 +17,7 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 SHIM=$BUILD/libpinshim.so
 FAKE=$BUILD/fakecuda
 PROG=$BUILD/tests/fake/test_doors
-DEF=$ROOT/shim/settings.def
+DEF=$ROOT/shim/base/settings.def
 for f in "$SHIM" "$PROG" "$DEF"; do
     [ -e "$f" ] || { echo "FAIL missing $f (build first)"; exit 1; }
 done
@@ -72,7 +72,7 @@ mapfile -t ROWS < <(sed -n 's/^SETTING(\(PINSHIM_[A-Z0-9_]*\), *\([A-Z_]*\), *[a
 if [ ${#ROWS[@]} -lt 10 ]; then
     bad "parsing $DEF: only ${#ROWS[@]} settings found"; exit 1
 fi
-echo "== ${#ROWS[@]} settings from shim/settings.def"
+echo "== ${#ROWS[@]} settings from shim/base/settings.def"
 
 LONG=$(head -c 3000 /dev/zero | tr '\0' '7')
 NL=$'4K\nPINSHIM_FAKE=1'

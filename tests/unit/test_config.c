@@ -1,8 +1,8 @@
 /* Settings parser, the one-warning rule, path expansion, and the logger.
  * Run with --print-table to print the settings table (tests/check_settings_doc.sh uses it). */
 #define _GNU_SOURCE
-#include "config.h"
-#include "log.h"
+#include "base/config.h"
+#include "base/log.h"
 #include "testutil.h"
 
 #include <fcntl.h>
@@ -359,7 +359,7 @@ static void test_print_table(void)
     /* The table's own length, counted from settings.def. */
     int settings = 0;
 #define SETTING(name, kind, field, def, lo, hi, unit, desc) settings++;
-#include "settings.def"
+#include "base/settings.def"
 #undef SETTING
     CHECKF(settings >= 22 && lines == settings, "print_table: one line per setting (%d of %d)", lines, settings);
     int good = 0;

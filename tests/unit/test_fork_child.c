@@ -4,12 +4,12 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
-#include "config.h"
-#include "heap.h"
-#include "policy.h"
-#include "real.h"
-#include "shim.h"
-#include "table.h"
+#include "base/config.h"
+#include "mem/heap.h"
+#include "mem/policy.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "mem/table.h"
 #include "testutil.h"
 
 static void on_alarm(int sig)

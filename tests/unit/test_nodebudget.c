@@ -22,11 +22,11 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include "config.h"
-#include "log.h"
-#include "nodebudget.h"
-#include "shim.h"
-#include "stats.h"
+#include "base/config.h"
+#include "base/log.h"
+#include "mem/nodebudget.h"
+#include "base/shim.h"
+#include "stats/stats.h"
 #include "testutil.h"
 
 #define M (1024ull * 1024ull)

@@ -13,12 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cuda.h>
-#include "config.h"
-#include "policy.h"
-#include "real.h"
-#include "shim.h"
-#include "staging.h"
-#include "stats.h"
+#include "base/config.h"
+#include "mem/policy.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "copy/staging.h"
+#include "stats/stats.h"
 #include "testutil.h"
 
 extern size_t staging_slice_min;   /* staging.c: lowered here so small chunks use the pool */

@@ -2,11 +2,11 @@
  * validator here and, when python3 is present, by json.load with checks of the numbers), the text
  * report, and stats_finish's atomic files and single warning. */
 #define _GNU_SOURCE
-#include "config.h"
-#include "hooks.h"
-#include "log.h"
-#include "shim.h"
-#include "stats.h"
+#include "base/config.h"
+#include "base/hooks.h"
+#include "base/log.h"
+#include "base/shim.h"
+#include "stats/stats.h"
 #include "testutil.h"
 
 #include <dirent.h>

@@ -9,9 +9,9 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include "heap.h"
-#include "real.h"
-#include "shim.h"
+#include "mem/heap.h"
+#include "base/real.h"
+#include "base/shim.h"
 
 /* dlsym allocates before the real allocator is known: serve it from a static pool whose blocks
  * are never freed (free() ignores them). */
@@ -86,7 +86,7 @@ SHIM_EXPORT void *malloc(size_t n)
     return malloc_for(n, CALLER);
 }
 
-SHIM_EXPORT void free(void *p)
+static void free_any(void *p)
 {
     if (SHIM_UNLIKELY(maybe_heap_pointer(p))) {
         if (!p || in_pool(p))
@@ -101,6 +101,11 @@ SHIM_EXPORT void free(void *p)
     }
     if (SHIM_LIKELY(libc.free != NULL))
         libc.free(p);
+}
+
+SHIM_EXPORT void free(void *p)
+{
+    free_any(p);
 }
 
 SHIM_EXPORT void *calloc(size_t nmemb, size_t size)
@@ -123,7 +128,7 @@ static void *realloc_for(void *p, size_t n, const void *caller)
         return malloc_for(n, caller);
     if (SHIM_UNLIKELY(in_pool(p))) {
         /* Bootstrap block: its size is unknown, but the pool is small; copy what can be. */
-        void *q = malloc(n);
+        void *q = malloc_for(n, caller);
         if (q) {
             size_t avail = (size_t)(bootstrap_pool + sizeof bootstrap_pool - (char *)p);
             memcpy(q, p, avail < n ? avail : n);
@@ -135,7 +140,7 @@ static void *realloc_for(void *p, size_t n, const void *caller)
     if (maybe_heap_pointer(p)) {
         if (n == 0) {
             /* glibc's realloc(p, 0) frees p and returns NULL. */
-            free(p);
+            free_any(p);
             return NULL;
         }
         int handled;

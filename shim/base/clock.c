@@ -2,7 +2,7 @@
  * 20-40 ns on a virtual machine, a visible share of a 4 KiB copy's overhead.  Where the CPU has an
  * invariant TSC the copy path reads it instead (a few ns) and converts ticks to nanoseconds with a
  * rate measured against CLOCK_MONOTONIC over at least CAL_SPAN_NS. */
-#include "shim.h"
+#include "base/shim.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cuda.h>
+#include "base/meta.h"
 #include <uthash.h>
 
 enum block_origin {

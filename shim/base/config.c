@@ -13,8 +13,8 @@
  *  - booleans: 0/1, yes/no, true/false, on/off (any letter case); modes: off, observe, pin, full;
  *  - a bad or out-of-range value prints exactly one warning line naming the variable, the text
  *    and the default, and the default is used. */
-#include "config.h"
-#include "log.h"
+#include "base/config.h"
+#include "base/log.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -56,14 +56,14 @@ struct setting {
         default: 0)
 #define SETTING(NAME, kind, field, default_text, min, max, unit, description)            \
     _Static_assert(FIELD_TYPE_MATCHES(kind, field), #NAME ": field type does not fit its kind");
-#include "settings.def"
+#include "base/settings.def"
 #undef SETTING
 
 static const struct setting settings[] = {
 #define SETTING(NAME, kind, field, default_text, min, max, unit, description)            \
     { #NAME, KIND_##kind, offsetof(struct shim_config, field),                           \
       sizeof(((struct shim_config *)0)->field), default_text, min, max, unit, description },
-#include "settings.def"
+#include "base/settings.def"
 #undef SETTING
 };
 #define SETTING_COUNT (sizeof(settings) / sizeof(settings[0]))

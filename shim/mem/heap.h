@@ -30,8 +30,4 @@ void heap_before_fork(void);
 void heap_after_fork_parent(void);
 void heap_after_fork_child(void);
 
-/* Raw page mappings for the shim itself, bypassing the hooks. */
-void *heap_raw_map(size_t len);
-void heap_raw_unmap(void *p, size_t len);
-
 #endif

@@ -3,7 +3,7 @@
 #define PINSHIM_STREAMS_H
 
 #include <cuda.h>
-#include "hooks.h"
+#include "base/hooks.h"
 
 struct shim_stream {
     CUcontext ctx;

@@ -4,8 +4,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "stats.h"
-#include "table.h"
+#include "stats/stats.h"
+#include "mem/table.h"
 
 /* The cost model, pure, for unit tests: microseconds a promotion of a block of block_bytes
  * (resident_bytes of it already touched) saves over the copies expected to come, given that
@@ -13,9 +13,6 @@
  * the alternative path runs at alt_mbps.  Positive: promote. */
 double policy_promotion_gain_us(size_t block_bytes, size_t resident_bytes, enum copy_dir dir,
                                 size_t bytes, uint64_t copies_seen, double alt_mbps);
-
-/* Bytes of [p, p+n) that are resident (mincore); n when it cannot tell. */
-size_t policy_resident_bytes(uintptr_t p, size_t n);
 
 /* Whether promotion is possible at all (mode, device, budget); checked once per context. */
 int policy_promotion_enabled(void);

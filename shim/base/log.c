@@ -1,7 +1,7 @@
 /* The logger: never allocates (it may run inside malloc), one write(2) per line so that lines
  * from several threads or processes do not interleave. */
-#include "log.h"
-#include "config.h"
+#include "base/log.h"
+#include "base/config.h"
 
 #include <errno.h>
 #include <stdarg.h>

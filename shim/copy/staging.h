@@ -6,8 +6,8 @@
 
 #include <stddef.h>
 #include <cuda.h>
-#include "hooks.h"
-#include "stats.h"
+#include "base/hooks.h"
+#include "stats/stats.h"
 
 /* One staged copy.  2D copies give height > 1 and pitches; 1D copies height 1. */
 struct stage_req {

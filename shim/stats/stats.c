@@ -6,13 +6,14 @@
  * small ones pay it; they live in a uthash table under a mutex.  The writers
  * format into a fixed buffer and write(2) it, so producing the output allocates nothing. */
 #define _GNU_SOURCE
-#include "stats.h"
-#include "config.h"
-#include "heap.h"
-#include "hooks.h"
-#include "log.h"
-#include "nodebudget.h"
-#include "shim.h"
+#include "stats/stats.h"
+#include "base/config.h"
+#include "base/os.h"
+#include "mem/heap.h"
+#include "base/hooks.h"
+#include "base/log.h"
+#include "mem/nodebudget.h"
+#include "base/shim.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -29,6 +30,7 @@
 
 /* Out of memory in the table must not end the program (uthash's default is exit()). */
 #define HASH_NONFATAL_OOM 1
+#include "base/meta.h"
 #include <uthash.h>
 
 static const char *const dir_names[DIR_COUNT] = { "h2d", "d2h", "d2d", "h2h" };
@@ -128,7 +130,7 @@ static __attribute__((noinline)) struct stats_shard *link_shard(void)
         free_shards = sh->next;
     pthread_mutex_unlock(&shards_lock);
     if (!sh)
-        sh = heap_raw_map(page_up(sizeof *sh));   /* zero-filled */
+        sh = os_map(page_up(sizeof *sh));   /* zero-filled */
     if (sh && !(shard_key_made && pthread_setspecific(shard_key, sh) == 0)) {
         pthread_mutex_lock(&shards_lock);
         sh->next = free_shards;
@@ -426,11 +428,11 @@ __attribute__((noinline)) void stats_record_site(const struct copy_record *r)
     pthread_mutex_lock(&sites_lock);
     struct call_site *s;
     HASH_FIND(hh, sites, key, sizeof key, s);
-    if (!s && site_count < SITE_MAX && (s = calloc(1, sizeof *s)) != NULL) {
+    if (!s && site_count < SITE_MAX && (s = meta_alloc(sizeof *s)) != NULL) {
         memcpy(s->t.key, key, sizeof key);
         HASH_ADD(hh, sites, t.key, sizeof key, s);
         if (!s->hh.tbl) {   /* the table could not grow */
-            free(s);
+            meta_free(s, sizeof *s);
             s = NULL;
         } else {
             site_count++;
@@ -988,7 +990,7 @@ void stats_reset(void)
         struct call_site *s, *next;
         HASH_ITER(hh, sites, s, next) {
             HASH_DEL(sites, s);
-            free(s);
+            meta_free(s, sizeof *s);
         }
         pthread_mutex_unlock(&sites_lock);
     }

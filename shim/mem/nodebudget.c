@@ -25,10 +25,11 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include "config.h"
-#include "log.h"
-#include "nodebudget.h"
-#include "shim.h"
+#include "base/config.h"
+#include "base/os.h"
+#include "base/log.h"
+#include "mem/nodebudget.h"
+#include "base/shim.h"
 
 #define NB_SLOTS 512
 #define NB_MAGIC UINT64_C(0x31626e6873706970)   /* "pipshnb1" */
@@ -235,15 +236,15 @@ static int seg_attach(uint64_t budget)
             /* umask may have narrowed the mode further; owner read-write is what everyone needs. */
             fchmod(fd, 0600);
             what = "mmap";
-            void *m = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            if (m == MAP_FAILED) {
+            void *m = os_map_shared(sizeof *s, fd);
+            if (!m) {
                 err = errno;
             } else {
                 s = m;
                 what = "initialization";
                 if (seg_ready(s, budget) != 0 || s->magic != NB_MAGIC || s->version != NB_VERSION ||
                     s->size != sizeof *s || s->budget != budget) {
-                    munmap(s, sizeof *s);
+                    os_unmap(s, sizeof *s);
                     s = NULL;
                 }
             }
@@ -281,7 +282,7 @@ static int current_state(uint64_t budget)
         /* The budget changed (tests only): leave the old segment. */
         if (state == ST_SHARED) {
             nodebudget_shutdown();
-            munmap(seg, sizeof *seg);
+            os_unmap(seg, sizeof *seg);
             seg = NULL;
         }
         __atomic_store_n(&state, ST_NONE, __ATOMIC_RELEASE);

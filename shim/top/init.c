@@ -2,24 +2,27 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
-#include "config.h"
-#include "heap.h"
-#include "policy.h"
-#include "real.h"
-#include "shim.h"
-#include "staging.h"
-#include "stats.h"
-#include "streams.h"
-#include "table.h"
+#include "base/config.h"
+#include "base/meta.h"
+#include "mem/heap.h"
+#include "mem/policy.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "copy/staging.h"
+#include "stats/stats.h"
+#include "copy/streams.h"
+#include "mem/table.h"
 
 static void before_fork(void)
 {
     table_lock();
     heap_before_fork();
+    meta_before_fork();
 }
 
 static void after_fork_parent(void)
 {
+    meta_after_fork_parent();
     heap_after_fork_parent();
     table_unlock();
 }
@@ -29,6 +32,7 @@ static void after_fork_child(void)
     /* The child shares no driver state with the parent: it must never call the driver
      * (semantics rule 8).  Its frees of tracked blocks still work, without the driver. */
     shim_forked_child = 1;
+    meta_after_fork_child();
     table_after_fork_child();
     heap_after_fork_child();
     policy_forget_registrations();

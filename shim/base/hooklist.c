@@ -1,10 +1,10 @@
 /* Metadata of the hooked entry points, and how cuGetProcAddress picks a variant. */
 #include <string.h>
-#include "hooks.h"
+#include "base/hooks.h"
 
 const struct hook_info hook_table[HOOK_COUNT] = {
 #define HOOK(sym, base, ver, flav, handler, params, args) [HOOK_##sym] = {#sym, #base, ver, flav},
-#include "hooks.def"
+#include "base/hooks.def"
 #undef HOOK
 };
 

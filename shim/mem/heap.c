@@ -6,28 +6,16 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include "config.h"
-#include "heap.h"
-#include "policy.h"
-#include "real.h"
-#include "shim.h"
-#include "stats.h"
-#include "table.h"
+#include "base/config.h"
+#include "base/os.h"
+#include "mem/heap.h"
+#include "mem/policy.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "stats/stats.h"
+#include "mem/table.h"
 
 size_t heap_track_min = SIZE_MAX;
-
-void *heap_raw_map(size_t len)
-{
-    /* The system call itself: the mmap hook must not see the shim's own mappings. */
-    void *p = (void *)syscall(SYS_mmap, NULL, len, PROT_READ | PROT_WRITE,
-                              MAP_PRIVATE | MAP_ANONYMOUS, -1, (off_t)0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-void heap_raw_unmap(void *p, size_t len)
-{
-    syscall(SYS_munmap, p, len);
-}
 
 /* Freed pageable blocks are kept mapped for reuse, as the real allocator keeps freed memory:
  * without this, a loop that allocates and frees a large buffer would pay a fresh mapping and
@@ -125,7 +113,7 @@ void *heap_alloc(size_t n, size_t align, int zero)
         map_len = reused_len;
         if (zero)
             memset(map, 0, map_len);
-    } else if (!(map = heap_raw_map(map_len))) {
+    } else if (!(map = os_map(map_len))) {
         errno = ENOMEM;
         return NULL;
     }
@@ -134,7 +122,7 @@ void *heap_alloc(size_t n, size_t align, int zero)
     b = block_new();
     if (!b) {
         table_unlock();
-        heap_raw_unmap(map, map_len);
+        os_unmap(map, map_len);
         errno = ENOMEM;
         return NULL;
     }
@@ -149,7 +137,7 @@ void *heap_alloc(size_t n, size_t align, int zero)
         /* An untracked heap block could not be freed later: fail this allocation instead. */
         block_delete(b);
         table_unlock();
-        heap_raw_unmap(map, map_len);
+        os_unmap(map, map_len);
         errno = ENOMEM;
         return NULL;
     }
@@ -189,7 +177,7 @@ int heap_free(void *p)
     block_delete(b);
     table_unlock();
     if (!retain(map, len, warm))
-        heap_raw_unmap((void *)map, len);
+        os_unmap((void *)map, len);
     return 1;
 }
 

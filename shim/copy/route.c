@@ -12,16 +12,16 @@
 #define _GNU_SOURCE
 #include <cudaTypedefs.h>
 #include <string.h>
-#include "config.h"
-#include "handlers.h"
-#include "log.h"
-#include "policy.h"
-#include "real.h"
-#include "shim.h"
-#include "staging.h"
-#include "stats.h"
-#include "streams.h"
-#include "table.h"
+#include "base/config.h"
+#include "copy/handlers.h"
+#include "base/log.h"
+#include "mem/policy.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "copy/staging.h"
+#include "stats/stats.h"
+#include "copy/streams.h"
+#include "mem/table.h"
 
 int copy_engaged(void)
 {

@@ -7,14 +7,14 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#include "real.h"
-#include "shim.h"
-#include "table.h"
+#include "base/real.h"
+#include "base/os.h"
+#include "base/shim.h"
+#include "mem/table.h"
 
-/* uthash must not reach the hooked malloc: its buckets come from the real allocator. */
-#undef uthash_malloc
-#undef uthash_free
+/* A hash table that cannot grow has lost track of blocks it must free: never run on. */
 #undef uthash_fatal
+#define uthash_fatal(msg) abort()
 
 static pthread_mutex_t table_mutex = PTHREAD_MUTEX_INITIALIZER;
 struct block *table_head;
@@ -24,12 +24,10 @@ static size_t sorted_len, sorted_cap;
 void table_lock(void) { pthread_mutex_lock(&table_mutex); }
 void table_unlock(void) { pthread_mutex_unlock(&table_mutex); }
 
-/* Private memory for records and the sorted index: raw mmap, so nothing here recurses into
- * the allocation hooks. */
+/* Private memory for records and the sorted index, from the raw-OS layer. */
 static void *raw_alloc(size_t n)
 {
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    return os_map(n);
 }
 
 static struct block *free_records;
@@ -81,33 +79,12 @@ static int sorted_reserve(void)
         return -1;
     if (sorted) {
         memcpy(grown, sorted, sorted_len * sizeof *grown);
-        munmap(sorted, sorted_cap * sizeof *sorted);
+        os_unmap(sorted, sorted_cap * sizeof *sorted);
     }
     sorted = grown;
     sorted_cap = cap;
     return 0;
 }
-
-/* uthash allocates its bucket arrays; route them to raw mappings too. */
-static void *uthash_raw_alloc(size_t n)
-{
-    size_t *p = raw_alloc(n + 16);
-    if (!p)
-        return NULL;
-    p[0] = n + 16;
-    return (char *)p + 16;
-}
-
-static void uthash_raw_free(void *p)
-{
-    if (!p)
-        return;
-    size_t *h = (size_t *)((char *)p - 16);
-    munmap(h, h[0]);
-}
-#define uthash_malloc(sz) uthash_raw_alloc(sz)
-#define uthash_free(ptr, sz) uthash_raw_free(ptr)
-#define uthash_fatal(msg) abort()
 
 /* The span from the lowest tracked mapping to the end of the highest, readable without the lock:
  * most pageable copies (the stack, small malloc blocks) lie outside it.  Mappings never overlap,
@@ -238,7 +215,7 @@ void pinned_add(uintptr_t start, size_t len, int host_alloc)
         }
         if (pinned) {
             memcpy(grown, pinned, pinned_len * sizeof *grown);
-            munmap(pinned, pinned_cap * sizeof *pinned);
+            os_unmap(pinned, pinned_cap * sizeof *pinned);
         }
         pinned = grown;
         pinned_cap = cap;

@@ -3,11 +3,11 @@
 #define PINSHIM_HANDLERS_H
 
 #include <cuda.h>
-#include "hooks.h"
+#include "base/hooks.h"
 
 #define HOOK_UNPACK(...) __VA_ARGS__
 #define HOOK(sym, base, ver, flav, handler, params, args) CUresult handler(enum hook_id id, HOOK_UNPACK params);
-#include "hooks.def"
+#include "base/hooks.def"
 #undef HOOK
 
 /* Whether the shim may act on this call at all: the mode, the fork child, its own work. */

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include <cuda.h>
-#include "hooks.h"
+#include "base/hooks.h"
 
 struct libc_fns {
     void *(*malloc)(size_t);

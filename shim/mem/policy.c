@@ -4,15 +4,16 @@
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
-#include "config.h"
-#include "heap.h"
-#include "log.h"
-#include "nodebudget.h"
-#include "nvtx.h"
-#include "policy.h"
-#include "real.h"
-#include "shim.h"
-#include "stats.h"
+#include "base/config.h"
+#include "base/os.h"
+#include "mem/heap.h"
+#include "base/log.h"
+#include "mem/nodebudget.h"
+#include "base/nvtx.h"
+#include "mem/policy.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "stats/stats.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 /* A promoted block idle this long may be evicted for any newcomer. */
@@ -43,21 +44,6 @@ double policy_promotion_gain_us(size_t block_bytes, size_t resident_bytes, enum 
      * counts for this copy and the ones expected to follow. */
     return saving_per_copy * (double)copies_seen - cost;
     (void)dir;
-}
-
-size_t policy_resident_bytes(uintptr_t p, size_t n)
-{
-    unsigned char vec[4096];
-    uintptr_t start = page_down(p), end = page_up(p + n);
-    size_t resident = 0;
-    for (uintptr_t a = start; a < end; a += sizeof vec * SHIM_PAGE_SIZE) {
-        size_t len = end - a < sizeof vec * SHIM_PAGE_SIZE ? end - a : sizeof vec * SHIM_PAGE_SIZE;
-        if (mincore((void *)a, len, vec) != 0)
-            return n;
-        for (size_t i = 0; i < len / SHIM_PAGE_SIZE; i++)
-            resident += (vec[i] & 1) * SHIM_PAGE_SIZE;
-    }
-    return resident < n ? resident : n;
 }
 
 static void disable_promotion(const char *reason)
@@ -134,7 +120,7 @@ int policy_on_copy(struct block *b, enum copy_dir dir, size_t bytes)
     /* The cheapest case first (every page resident): most declines need no mincore. */
     double gain = policy_promotion_gain_us(b->map_len, b->map_len, dir, bytes, b->copies, alt);
     if (gain > 0) {
-        size_t resident = policy_resident_bytes(b->map_base, b->map_len);
+        size_t resident = os_resident_bytes(b->map_base, b->map_len);
         gain = policy_promotion_gain_us(b->map_len, resident, dir, bytes, b->copies, alt);
     }
     if (gain <= 0 && bytes >= shim_cfg.min_size)
@@ -261,7 +247,7 @@ static int make_room(size_t need, struct block *keep)
         stats_add(STAT_EVICTIONS, 1);
         stats_add(STAT_EVICTED_BYTES, len);
         if (was_cached) {
-            heap_raw_unmap((void *)map, map_len);
+            os_unmap((void *)map, map_len);
             stats_add(STAT_CACHE_RELEASED, 1);
         }
     }
@@ -513,10 +499,10 @@ static void calibrate(void)
     CUresult (*dtoh)(void *, CUdeviceptr, size_t) =
         (CUresult(*)(void *, CUdeviceptr, size_t))real_hook[HOOK_cuMemcpyDtoH_v2];
     CUdeviceptr dev;
-    void *host = heap_raw_map(n);
+    void *host = os_map(n);
     if (!host || !htod || !dtoh || drv.cuMemAlloc_v2(&dev, n) != CUDA_SUCCESS) {
         if (host)
-            heap_raw_unmap(host, n);
+            os_unmap(host, n);
         shim_log(LOG_WARN, "PINSHIM_CALIBRATE: could not set up the measurement; using the defaults");
         return;
     }
@@ -543,5 +529,5 @@ static void calibrate(void)
                  (unsigned long long)shim_cfg.bw_pinned, (unsigned long long)shim_cfg.reg_cost_resident);
     }
     drv.cuMemFree_v2(dev);
-    heap_raw_unmap(host, n);
+    os_unmap(host, n);
 }

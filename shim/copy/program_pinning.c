@@ -1,13 +1,13 @@
 /* The program's own pinning and stream captures: the shim keeps out of their way. */
 #define _GNU_SOURCE
 #include <cudaTypedefs.h>
-#include "handlers.h"
-#include "policy.h"
-#include "real.h"
-#include "shim.h"
-#include "stats.h"
-#include "streams.h"
-#include "table.h"
+#include "copy/handlers.h"
+#include "mem/policy.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "stats/stats.h"
+#include "copy/streams.h"
+#include "mem/table.h"
 
 CUresult on_host_register(enum hook_id id, void *p, size_t n, unsigned int flags)
 {

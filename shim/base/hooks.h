@@ -8,7 +8,7 @@ enum hook_flavour { LEGACY, PTDS, NOSTREAM };
 
 enum hook_id {
 #define HOOK(sym, base, ver, flav, handler, params, args) HOOK_##sym,
-#include "hooks.def"
+#include "base/hooks.def"
 #undef HOOK
     HOOK_COUNT
 };

@@ -5,11 +5,11 @@
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
 #include <string.h>
-#include "config.h"
-#include "handlers.h"
-#include "real.h"
-#include "shim.h"
-#include "stats.h"
+#include "base/config.h"
+#include "copy/handlers.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "stats/stats.h"
 
 /* A door resolves the driver on first use (a program linked against libcuda calls doors without
  * any lookup first). */
@@ -24,12 +24,12 @@
         stats_count_entry(HOOK_##sym);                                                  \
         return handler(HOOK_##sym, HOOK_UNPACK args);                                   \
     }
-#include "hooks.def"
+#include "base/hooks.def"
 #undef HOOK
 
 void *const hook_doors[HOOK_COUNT] = {
 #define HOOK(sym, base, ver, flav, handler, params, args) [HOOK_##sym] = (void *)door_##sym,
-#include "hooks.def"
+#include "base/hooks.def"
 #undef HOOK
 };
 

@@ -1,11 +1,12 @@
 /* Per-thread, per-context streams and events, ordering, and capture tracking. */
 #define _GNU_SOURCE
 #include <pthread.h>
-#include "log.h"
-#include "real.h"
-#include "shim.h"
-#include "stats.h"
-#include "streams.h"
+#include "base/log.h"
+#include "base/meta.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "stats/stats.h"
+#include "copy/streams.h"
 
 #define STREAMS_PER_THREAD 8
 
@@ -35,7 +36,7 @@ static void destroy_thread_streams(void *arg)
         }
         shim_leave();
     }
-    libc.free(ts);
+    meta_free(ts, sizeof *ts);
 }
 
 static void make_key(void)
@@ -55,7 +56,7 @@ struct shim_stream *streams_current(void)
                 return &ts->slot[i];
     } else {
         pthread_once(&key_once, make_key);
-        ts = libc.calloc(1, sizeof *ts);
+        ts = meta_alloc(sizeof *ts);
         if (!ts)
             return NULL;
         mine = ts;

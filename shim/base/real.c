@@ -5,8 +5,8 @@
 #include <link.h>
 #include <pthread.h>
 #include <string.h>
-#include "real.h"
-#include "shim.h"
+#include "base/real.h"
+#include "base/shim.h"
 
 struct libc_fns libc;
 struct driver_fns drv;

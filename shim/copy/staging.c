@@ -20,16 +20,17 @@
 #include <string.h>
 #include <unistd.h>
 #include <cudaTypedefs.h>
-#include "config.h"
-#include "heap.h"
-#include "log.h"
-#include "nvtx.h"
-#include "policy.h"
-#include "real.h"
-#include "shim.h"
-#include "staging.h"
-#include "stats.h"
-#include "streams.h"
+#include "base/config.h"
+#include "base/os.h"
+#include "mem/heap.h"
+#include "base/log.h"
+#include "base/nvtx.h"
+#include "mem/policy.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "copy/staging.h"
+#include "stats/stats.h"
+#include "copy/streams.h"
 
 #define MAX_LANES 8
 #define LANES_PER_CTX 2          /* e.g. one thread's H2D while another's D2H */
@@ -282,7 +283,7 @@ static void lane_destroy(struct lane *l, int registered, unsigned nev)
         drv.cuEventDestroy_v2(l->ev[i]);
     if (registered && real_hook[HOOK_cuMemHostUnregister])
         ((unregister_fn)real_hook[HOOK_cuMemHostUnregister])(l->mem);
-    heap_raw_unmap(l->mem, l->len);
+    os_unmap(l->mem, l->len);
     policy_release(l->len);
     l->mem = NULL;
 }
@@ -301,7 +302,7 @@ static int lane_build(struct lane *l, CUcontext ctx)
                                 "copies take the driver's own path");
         return -1;
     }
-    l->mem = heap_raw_map(l->len);
+    l->mem = os_map(l->len);
     if (!l->mem) {
         policy_release(l->len);
         return -1;
@@ -690,7 +691,7 @@ void staging_shutdown(void)
         pthread_mutex_init(&lanes_mu, NULL);
         for (int i = 0; i < MAX_LANES; i++) {
             if (lanes[i].state == LANE_READY)
-                heap_raw_unmap(lanes[i].mem, lanes[i].len);
+                os_unmap(lanes[i].mem, lanes[i].len);
             memset(&lanes[i], 0, sizeof lanes[i]);
         }
         return;

@@ -1,0 +1,74 @@
+/* Raw pages (see os.h). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "base/os.h"
+#include "base/shim.h"
+
+static void *raw_mmap(void *addr, size_t len, int prot, int flags, int fd)
+{
+    long r = syscall(SYS_mmap, addr, len, prot, flags, fd, (off_t)0);
+    return (void *)r == MAP_FAILED ? NULL : (void *)r;
+}
+
+void *os_map(size_t len)
+{
+    return raw_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+}
+
+void *os_map_aligned(size_t len, size_t align)
+{
+    if (align <= SHIM_PAGE_SIZE)
+        return os_map(len);
+    if (len > SIZE_MAX - align) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    char *p = raw_mmap(NULL, len + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+    if (!p)
+        return NULL;
+    uintptr_t start = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+    size_t head = start - (uintptr_t)p, tail = align - head;
+    if (head)
+        os_unmap(p, head);
+    if (tail)
+        os_unmap((char *)start + len, tail);
+    return (void *)start;
+}
+
+void *os_map_shared(size_t len, int fd)
+{
+    return raw_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd);
+}
+
+int os_unmap(void *p, size_t len)
+{
+    return (int)syscall(SYS_munmap, p, len);
+}
+
+int os_madvise(void *p, size_t len, int advice)
+{
+    return (int)syscall(SYS_madvise, p, len, advice);
+}
+
+int os_mprotect(void *p, size_t len, int prot)
+{
+    return (int)syscall(SYS_mprotect, p, len, prot);
+}
+
+size_t os_resident_bytes(uintptr_t p, size_t n)
+{
+    unsigned char vec[4096];
+    uintptr_t start = page_down(p), end = page_up(p + n);
+    size_t resident = 0;
+    for (uintptr_t a = start; a < end; a += sizeof vec * SHIM_PAGE_SIZE) {
+        size_t len = end - a < sizeof vec * SHIM_PAGE_SIZE ? end - a : sizeof vec * SHIM_PAGE_SIZE;
+        if (syscall(SYS_mincore, (void *)a, len, vec) != 0)
+            return n;
+        for (size_t i = 0; i < len / SHIM_PAGE_SIZE; i++)
+            resident += (vec[i] & 1) * SHIM_PAGE_SIZE;
+    }
+    return resident < n ? resident : n;
+}

@@ -1,0 +1,24 @@
+/* The one path to the kernel for the shim's own pages.  Every call is the system call itself:
+ * the library exports mmap, munmap, mremap and madvise as hooks, so a call through libc's names
+ * from inside the library would reach its own hooks (and be tracked as the program's). */
+#ifndef PINSHIM_BASE_OS_H
+#define PINSHIM_BASE_OS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Private, zero-filled, read-write pages; NULL on failure (errno set). */
+void *os_map(size_t len);
+/* len bytes whose start is a multiple of align (a power of two, at least a page); NULL on
+ * failure.  Maps len + align and trims the ends. */
+void *os_map_aligned(size_t len, size_t align);
+/* A shared mapping of fd (the node budget's segment); NULL on failure. */
+void *os_map_shared(size_t len, int fd);
+int os_unmap(void *p, size_t len);
+int os_madvise(void *p, size_t len, int advice);
+int os_mprotect(void *p, size_t len, int prot);
+/* Bytes of [p, p+n) whose pages are resident (mincore); n when the kernel cannot tell. */
+size_t os_resident_bytes(uintptr_t p, size_t n);
+
+#endif
