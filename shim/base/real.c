@@ -46,6 +46,7 @@ void real_libc_resolve(void)
     RESOLVE_(munmap, "munmap");
     RESOLVE_(mremap, "mremap");
     RESOLVE_(madvise, "madvise");
+    RESOLVE_(mprotect, "mprotect");
 #undef RESOLVE_
     __atomic_store_n(&libc.dlsym, real_dlsym, __ATOMIC_RELEASE);
     shim_leave();

@@ -23,6 +23,7 @@ struct libc_fns {
     int (*munmap)(void *, size_t);
     void *(*mremap)(void *, size_t, size_t, int, ...);
     int (*madvise)(void *, size_t, int);
+    int (*mprotect)(void *, size_t, int);
     void *(*dlsym)(void *, const char *);
 };
 extern struct libc_fns libc;

@@ -15,13 +15,12 @@
 #include "base/config.h"
 #include "copy/handlers.h"
 #include "base/log.h"
-#include "mem/policy.h"
+#include "mem/registry.h"
 #include "base/real.h"
 #include "base/shim.h"
 #include "copy/staging.h"
 #include "stats/stats.h"
 #include "copy/streams.h"
-#include "mem/table.h"
 
 int copy_engaged(void)
 {
@@ -30,82 +29,25 @@ int copy_engaged(void)
 
 /* ---- classify ---------------------------------------------------------------------------- */
 
-/* Classify the host range [p, p+n) of a copy in direction dir.  A promoted block comes back with
- * its inflight count taken (*held): eviction leaves it alone until copy_release(). */
+/* Classify the host range [p, p+n) of a copy in direction dir.  A promoted block comes back
+ * held: eviction leaves it alone until copy_release(). */
 static enum mem_kind classify_host(uintptr_t p, size_t n, enum copy_dir dir, int may_promote,
-                                   int capturing, struct block **held)
+                                   int capturing, struct copy_hold *held)
 {
-    *held = NULL;
-    if (pinned_contains(p, n))
-        return MEM_PINNED;
-    if (!table_may_contain(p))
-        return MEM_PAGEABLE;
-    table_lock();
-    /* A block being registered or unregistered by another thread: until that is done the
-     * driver may see the memory as pinned while the shim's records say pageable, so neither
-     * path is right yet. */
-    struct block *b = table_find_containing_settled(p);
-    if (!b || b->state == BLOCK_CACHED || p + n > b->map_base + b->map_len) {
-        table_unlock();
-        return MEM_PAGEABLE;
-    }
-    if (b->state == BLOCK_PROMOTED) {
-        if (capturing)
-            b->captured = 1;
-        b->copies++;
-        b->bytes_moved += n;
-        b->last_use_ns = shim_now_ns();
-        b->inflight++;
-        table_unlock();
-        *held = b;
-        return MEM_PROMOTED;
-    }
-    if (!may_promote) {
-        b->copies++;
-        b->bytes_moved += n;
-        b->last_use_ns = shim_now_ns();
-        table_unlock();
-        return MEM_PAGEABLE;
-    }
-    if (!policy_on_copy(b, dir, n)) {
-        table_unlock();
-        return MEM_PAGEABLE;
-    }
-    b->inflight++;
-    table_unlock();
-    if (policy_promote(b)) {
-        *held = b;
-        return MEM_PROMOTED;
-    }
-    table_lock();
-    b->inflight--;
-    table_unlock();
-    return MEM_PAGEABLE;
+    unsigned flags = (may_promote ? COPY_MAY_PROMOTE : 0) | (capturing ? COPY_CAPTURING : 0);
+    return registry_copy_begin(p, n, dir, flags, held);
 }
 
-static void copy_release(struct block *b, int async_pending)
+static void copy_release(struct copy_hold *held, int async_pending)
 {
-    if (!b)
-        return;
-    table_lock();
-    b->inflight--;
-    if (async_pending)
-        b->async_pending = 1;
-    table_unlock();
+    registry_copy_end(held, async_pending);
 }
 
 /* Is p host memory?  The shim's own knowledge first, then the driver (unified addressing). */
 static int is_host_pointer(CUdeviceptr p)
 {
-    if (pinned_contains((uintptr_t)p, 1))
+    if (registry_known_host((uintptr_t)p))
         return 1;
-    if (table_may_contain((uintptr_t)p)) {
-        table_lock();
-        struct block *b = table_find_containing((uintptr_t)p);
-        table_unlock();
-        if (b)
-            return 1;
-    }
     CUmemorytype type;
     if (!drv.cuPointerGetAttribute ||
         drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) != CUDA_SUCCESS)
@@ -226,11 +168,10 @@ static void wait_program_copy(CUstream stream, enum hook_flavour flavour)
 /* An async copy the program made from or into promoted memory has been issued: for the program
  * that memory is pageable, so wait until the copy is done (semantics rule 1), unless the user
  * chose to trust the program; then the block is marked as having DMA that may be in flight. */
-static void keep_pageable_semantics(struct block **held, CUstream stream, enum hook_flavour flavour)
+static void keep_pageable_semantics(struct copy_hold *held, CUstream stream, enum hook_flavour flavour)
 {
     if (shim_cfg.trust_async) {
-        copy_release(*held, 1);
-        *held = NULL;
+        copy_release(held, 1);
         return;
     }
     wait_program_copy(stream, flavour);
@@ -319,7 +260,7 @@ static CUresult route_1d(struct call1d *c)
     CUdeviceptr dev = dir == DIR_H2D ? c->dst : c->src;
     int capturing = capture_active();
     int acting = shim_cfg.mode >= MODE_PIN && !capturing;
-    struct block *held = NULL;
+    struct copy_hold held = { NULL };
     /* Every size is classified: a small copy inside a promoted block must still keep pageable
      * semantics; the policy does not promote for small copies (their saving is tiny). */
     enum mem_kind kind = classify_host(host, c->n, dir, acting, capturing, &held);
@@ -352,7 +293,7 @@ static CUresult route_1d(struct call1d *c)
         else
             r = call_original(c);
     }
-    copy_release(held, 0);
+    copy_release(&held, 0);
     record(dir, kind, c->n, t0, async);
     return r;
 }
@@ -502,7 +443,7 @@ static CUresult route_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, in
                                : extent_2d(host, p->dstPitch, p->dstXInBytes, p->dstY, p->WidthInBytes, p->Height);
     int capturing = capture_active();
     int acting = shim_cfg.mode >= MODE_PIN && !capturing && e.extent;
-    struct block *held = NULL;
+    struct copy_hold held = { NULL };
     enum mem_kind kind = classify_host(e.start, e.extent, dir, acting, capturing, &held);
     CUresult r;
     if (!acting) {
@@ -538,7 +479,7 @@ static CUresult route_2d(enum hook_id id, const CUDA_MEMCPY2D *p, CUstream s, in
         else
             r = call_2d(id, p, s, async);
     }
-    copy_release(held, 0);
+    copy_release(&held, 0);
     record(dir, kind, bytes, t0, async);
     return r;
 }
@@ -594,14 +535,14 @@ static CUresult route_3d(enum hook_id id, const CUDA_MEMCPY3D *p, CUstream s, in
     size_t extent = p->Depth && p->Height ? ((p->Depth - 1) * slice_rows + (p->Height - 1)) * pitch + p->WidthInBytes : 0;
     int capturing = capture_active();
     int acting = shim_cfg.mode >= MODE_PIN && !capturing && extent;
-    struct block *held = NULL;
+    struct copy_hold held = { NULL };
     enum mem_kind kind = classify_host(start, extent, dir, acting, capturing, &held);
     if (capturing)
         stats_add(STAT_CAPTURE_PASSTHROUGH, 1);
     CUresult r = call_3d(id, p, s, async);
     if (acting && async && kind == MEM_PROMOTED && r == CUDA_SUCCESS)
         keep_pageable_semantics(&held, s, hook_table[id].flavour);
-    copy_release(held, 0);
+    copy_release(&held, 0);
     record(dir, kind, bytes, t0, async);
     return r;
 }
@@ -667,20 +608,14 @@ CUresult on_3dpeer_async(enum hook_id id, const CUDA_MEMCPY3D_PEER *p, CUstream 
  * asynchronously where the program expects pageable behaviour. */
 static int touches_promoted(CUdeviceptr p)
 {
-    if (!table_may_contain((uintptr_t)p))
-        return 0;
-    table_lock();
-    struct block *b = table_find_containing((uintptr_t)p);
-    int promoted = b && b->state == BLOCK_PROMOTED;
-    table_unlock();
-    return promoted;
+    return registry_promoted_at((uintptr_t)p);
 }
 
 /* After a batch that touched promoted memory, wait for it: for the program that memory is
  * pageable (semantics rule 1).  Nothing to do during a capture (the batch was only recorded). */
 static CUresult finish_batch(enum hook_id id, CUresult r, int promoted, size_t count, CUstream s)
 {
-    struct block *none = NULL;
+    struct copy_hold none = { NULL };
     if (promoted && r == CUDA_SUCCESS && !capture_active())
         keep_pageable_semantics(&none, s, hook_table[id].flavour);
     stats_add(STAT_BATCH_COPIES, count);
@@ -690,7 +625,7 @@ static CUresult finish_batch(enum hook_id id, CUresult r, int promoted, size_t c
 
 static int batch_touches_promoted(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t count)
 {
-    if (!table_count() || !dsts || !srcs)
+    if (!dsts || !srcs)
         return 0;
     for (size_t i = 0; i < count; i++)
         if (touches_promoted(dsts[i]) || touches_promoted(srcs[i]))
@@ -700,7 +635,7 @@ static int batch_touches_promoted(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t c
 
 static int batch3d_touches_promoted(const CUDA_MEMCPY3D_BATCH_OP *ops, size_t n)
 {
-    if (!table_count() || !ops)
+    if (!ops)
         return 0;
     for (size_t i = 0; i < n; i++)
         if ((ops[i].src.type == CU_MEMCPY_OPERAND_TYPE_POINTER && touches_promoted(ops[i].src.op.ptr.ptr)) ||

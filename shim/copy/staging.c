@@ -22,10 +22,9 @@
 #include <cudaTypedefs.h>
 #include "base/config.h"
 #include "base/os.h"
-#include "mem/heap.h"
 #include "base/log.h"
 #include "base/nvtx.h"
-#include "mem/policy.h"
+#include "mem/registry.h"
 #include "base/real.h"
 #include "base/shim.h"
 #include "copy/staging.h"
@@ -39,9 +38,13 @@
 #define WORKER_SPIN_NS 50000ull  /* the next chunk's job usually comes within microseconds */
 
 /* Smallest slice of one memcpy job handed to a thread: splitting less than this costs more in
- * wake-ups than it gains.  Not static: the unit test lowers it to drive the pool with small
- * chunks. */
-size_t staging_slice_min = 1u << 20;
+ * wake-ups than it gains.  A sixteenth of a chunk, within [4 KiB, 1 MiB]: 1 MiB for the default
+ * 16 MiB chunks, so that small chunks are split too. */
+static size_t slice_min(void)
+{
+    size_t s = (size_t)shim_cfg.staging_chunk / 16;
+    return s < 4096 ? 4096 : s > (1u << 20) ? (1u << 20) : s;
+}
 
 /* ---------------------------------------------------------------- copy thread pool */
 
@@ -204,7 +207,7 @@ static void pool_copy(char *dst, size_t dpitch, const char *src, size_t spitch, 
     }
     struct copy_job job = { dst, src, dpitch, spitch, width, rows, 1, 0, 0, NULL };
     size_t total = width * rows;
-    size_t min_slice = staging_slice_min ? staging_slice_min : 1;
+    size_t min_slice = slice_min();
     size_t n = total / min_slice;
     size_t parts = (size_t)__atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) + 1;
     if (n > parts)
@@ -284,7 +287,7 @@ static void lane_destroy(struct lane *l, int registered, unsigned nev)
     if (registered && real_hook[HOOK_cuMemHostUnregister])
         ((unregister_fn)real_hook[HOOK_cuMemHostUnregister])(l->mem);
     os_unmap(l->mem, l->len);
-    policy_release(l->len);
+    registry_unreserve(l->len);
     l->mem = NULL;
 }
 
@@ -297,14 +300,14 @@ static int lane_build(struct lane *l, CUcontext ctx)
     l->ctx = ctx;
     memset(l->pending, 0, sizeof l->pending);
     /* The budget first: staging memory counts like any registration (this may evict). */
-    if (!policy_reserve(l->len)) {
+    if (!registry_reserve(l->len)) {
         shim_log_once(LOG_INFO, "staging buffers do not fit in PINSHIM_BUDGET: large pageable "
                                 "copies take the driver's own path");
         return -1;
     }
     l->mem = os_map(l->len);
     if (!l->mem) {
-        policy_release(l->len);
+        registry_unreserve(l->len);
         return -1;
     }
     /* Touch every page: registering resident pages costs 8 times less than faulting them in. */

@@ -86,16 +86,23 @@ SHIM_EXPORT void *malloc(size_t n)
     return malloc_for(n, CALLER);
 }
 
-static void free_any(void *p)
+static void free_from(void *p, const void *caller)
 {
     if (SHIM_UNLIKELY(maybe_heap_pointer(p))) {
         if (!p || in_pool(p))
             return;
-        shim_enter();
-        int mine = heap_free(p);
-        shim_leave();
-        if (mine)
-            return;
+        if (SHIM_UNLIKELY(shim_busy)) {
+            /* Inside the shim's own work on this thread: a signal handler that interrupted it,
+             * or the driver freeing its own memory (which is the C library's). */
+            if (!called_from_driver(caller) && heap_free_deferred(p))
+                return;
+        } else {
+            shim_enter();
+            int mine = heap_free(p);
+            shim_leave();
+            if (mine)
+                return;
+        }
     } else if (SHIM_UNLIKELY(in_pool(p))) {
         return;
     }
@@ -105,7 +112,7 @@ static void free_any(void *p)
 
 SHIM_EXPORT void free(void *p)
 {
-    free_any(p);
+    free_from(p, CALLER);
 }
 
 SHIM_EXPORT void *calloc(size_t nmemb, size_t size)
@@ -140,7 +147,7 @@ static void *realloc_for(void *p, size_t n, const void *caller)
     if (maybe_heap_pointer(p)) {
         if (n == 0) {
             /* glibc's realloc(p, 0) frees p and returns NULL. */
-            free_any(p);
+            free_from(p, caller);
             return NULL;
         }
         int handled;
@@ -280,7 +287,7 @@ SHIM_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_
                         : (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
     if (track && p != MAP_FAILED && len >= heap_track_min && !called_from_driver(CALLER)) {
         shim_enter();
-        heap_track_mapping(p, len, prot, flags);
+        heap_track_mapping(p, len, prot);
         shim_leave();
     }
     return p;
@@ -319,7 +326,7 @@ SHIM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, .
     void *p = libc.mremap(old, old_len, new_len, flags, new_addr);
     if (track && p != MAP_FAILED && !called_from_driver(CALLER)) {
         shim_enter();
-        heap_track_mapping(p, new_len, prot, 0);
+        heap_track_mapping(p, new_len, prot);
         shim_leave();
     }
     return p;
@@ -352,4 +359,20 @@ SHIM_EXPORT int madvise(void *addr, size_t len, int advice)
     if (!libc.madvise)
         real_libc_resolve();
     return libc.madvise(addr, len, advice);
+}
+
+SHIM_EXPORT int mprotect(void *addr, size_t len, int prot)
+{
+    if (!libc.mprotect)
+        real_libc_resolve();
+    int r = libc.mprotect ? libc.mprotect(addr, len, prot) : (int)syscall(SYS_mprotect, addr, len, prot);
+    if (r == 0 && !shim_busy && heap_track_min != SIZE_MAX) {
+        /* A registration made for the old protections may no longer fit the pages. */
+        int saved_errno = errno;
+        shim_enter();
+        heap_after_protect(addr, len, prot);
+        shim_leave();
+        errno = saved_errno;
+    }
+    return r;
 }

@@ -1,45 +1,45 @@
-/* Large allocations and the program's mappings (see heap.h). */
+/* The heap front (see heap.h). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include "base/config.h"
 #include "base/os.h"
-#include "mem/heap.h"
-#include "mem/policy.h"
 #include "base/real.h"
 #include "base/shim.h"
-#include "stats/stats.h"
-#include "mem/table.h"
+#include "mem/arena.h"
+#include "mem/heap.h"
+#include "mem/registry.h"
 
 size_t heap_track_min = SIZE_MAX;
 
-/* Freed pageable blocks are kept mapped for reuse, as the real allocator keeps freed memory:
- * without this, a loop that allocates and frees a large buffer would pay a fresh mapping and
- * its page faults every time.  Plain blocks are bounded like glibc's own mmap threshold.
- * "Warm" blocks, which carried a transfer of most of their bytes (a batch or tensor that a
- * framework allocates afresh every step), are kept whatever their size, within a quarter of the
- * budget: the next allocation of that size gets resident pages, which the copy path can promote
- * at the lowest cost on its first copy, and from then on the pinned cache serves it. */
-#define RETAIN_MAX_BLOCK (32ul << 20)
-#define RETAIN_MAX_TOTAL (64ul << 20)
-#define RETAIN_SLOTS 64
+void heap_init(void)
+{
+    arena_init();
+}
+
+/* ---- huge blocks: a mapping each ----
+ * Freed huge mappings are kept for reuse, as the C library keeps freed memory, within bounds:
+ * "warm" ones, which carried a transfer of most of their bytes (a batch or tensor that a
+ * framework allocates afresh every step), within a quarter of the budget, so that the next
+ * allocation of that size gets resident pages, which the copy path can promote at the lowest
+ * cost on its first copy; others up to RETAIN_MAX_TOTAL in all. */
+#define RETAIN_MAX_TOTAL (256ul << 20)
+#define RETAIN_SLOTS 16
 
 struct retained { uintptr_t map; size_t len; int warm; };
 static struct retained retained[RETAIN_SLOTS];
 static size_t retained_count, retained_bytes, warm_bytes;
-static pthread_mutex_t retained_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t retained_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int retain(uintptr_t map, size_t len, int warm)
 {
     int kept = 0;
     size_t warm_limit = (size_t)(shim_cfg.budget / 4);
-    if (warm ? len > warm_limit : len > RETAIN_MAX_BLOCK)
+    if (warm && len > warm_limit)
         return 0;
-    pthread_mutex_lock(&retained_mutex);
+    pthread_mutex_lock(&retained_mu);
     if (retained_count < RETAIN_SLOTS &&
         (warm ? warm_bytes + len <= warm_limit : retained_bytes - warm_bytes + len <= RETAIN_MAX_TOTAL)) {
         retained[retained_count++] = (struct retained){map, len, warm};
@@ -48,7 +48,7 @@ static int retain(uintptr_t map, size_t len, int warm)
             warm_bytes += len;
         kept = 1;
     }
-    pthread_mutex_unlock(&retained_mutex);
+    pthread_mutex_unlock(&retained_mu);
     return kept;
 }
 
@@ -58,7 +58,7 @@ static uintptr_t reuse_retained(size_t len, size_t *got_len)
     uintptr_t map = 0;
     if (!__atomic_load_n(&retained_count, __ATOMIC_RELAXED))
         return 0;
-    pthread_mutex_lock(&retained_mutex);
+    pthread_mutex_lock(&retained_mu);
     size_t best = RETAIN_SLOTS;
     for (size_t i = 0; i < retained_count; i++)
         if (retained[i].len >= len && retained[i].len / 2 <= len &&
@@ -72,36 +72,12 @@ static uintptr_t reuse_retained(size_t len, size_t *got_len)
             warm_bytes -= retained[best].len;
         retained[best] = retained[--retained_count];
     }
-    pthread_mutex_unlock(&retained_mutex);
+    pthread_mutex_unlock(&retained_mu);
     return map;
 }
 
-void heap_before_fork(void)
+static void *huge_alloc(size_t n, size_t align, int zero)
 {
-    pthread_mutex_lock(&retained_mutex);
-}
-
-void heap_after_fork_parent(void)
-{
-    pthread_mutex_unlock(&retained_mutex);
-}
-
-void heap_after_fork_child(void)
-{
-    pthread_mutex_init(&retained_mutex, NULL);
-}
-
-void *heap_alloc(size_t n, size_t align, int zero)
-{
-    if (align < 16)
-        align = 16;
-    struct block *b = policy_cache_take(n, align);
-    if (b) {
-        stats_add(STAT_CACHE_HITS, 1);
-        if (zero)
-            memset((void *)b->base, 0, n);
-        return (void *)b->base;
-    }
     if (n > SIZE_MAX - align - SHIM_PAGE_SIZE) {
         errno = ENOMEM;
         return NULL;
@@ -113,107 +89,143 @@ void *heap_alloc(size_t n, size_t align, int zero)
         map_len = reused_len;
         if (zero)
             memset(map, 0, map_len);
-    } else if (!(map = os_map(map_len))) {
+    } else if (!(map = os_map(map_len))) {   /* fresh anonymous pages are already zero */
         errno = ENOMEM;
         return NULL;
     }
     uintptr_t base = ((uintptr_t)map + align - 1) & ~(uintptr_t)(align - 1);
-    table_lock();
-    b = block_new();
-    if (!b) {
-        table_unlock();
-        os_unmap(map, map_len);
-        errno = ENOMEM;
-        return NULL;
-    }
-    b->base = base;
-    b->size = n;
-    b->map_base = (uintptr_t)map;
-    b->map_len = map_len;
-    b->origin = ORIGIN_HEAP;
-    b->state = BLOCK_PAGEABLE;
-    b->prot = PROT_READ | PROT_WRITE;
-    if (table_insert(b) != 0) {
+    if (registry_track_huge(base, n, (uintptr_t)map, map_len) != 0) {
         /* An untracked heap block could not be freed later: fail this allocation instead. */
-        block_delete(b);
-        table_unlock();
         os_unmap(map, map_len);
         errno = ENOMEM;
         return NULL;
     }
-    table_unlock();
-    /* Fresh anonymous pages are already zero. */
     return (void *)base;
+}
+
+/* ---- frees set aside by a signal handler ---- */
+
+#define DEFERRED_SLOTS 256
+static uintptr_t deferred[DEFERRED_SLOTS];
+static int deferred_count;
+
+int heap_free_deferred(void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    struct arena_slot *slot = arena_slot_of(a);
+    if (slot ? __atomic_load_n(&slot->state, __ATOMIC_ACQUIRE) == SLOT_FREE : !registry_may_hold(a))
+        return 0;
+    for (unsigned i = 0; i < DEFERRED_SLOTS; i++) {
+        uintptr_t expect = 0;
+        if (__atomic_compare_exchange_n(&deferred[i], &expect, a, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+            __atomic_add_fetch(&deferred_count, 1, __ATOMIC_RELEASE);
+            return 1;
+        }
+    }
+    return 1;   /* full: the block is lost, which is better than a deadlock */
+}
+
+static int free_now(uintptr_t a);
+
+static void drain_deferred(void)
+{
+    for (unsigned i = 0; i < DEFERRED_SLOTS && __atomic_load_n(&deferred_count, __ATOMIC_ACQUIRE); i++) {
+        uintptr_t a = __atomic_exchange_n(&deferred[i], 0, __ATOMIC_ACQ_REL);
+        if (a) {
+            __atomic_sub_fetch(&deferred_count, 1, __ATOMIC_RELEASE);
+            if (!free_now(a))
+                libc.free((void *)a);
+        }
+    }
+}
+
+/* ---- the malloc family ---- */
+
+void *heap_alloc(size_t n, size_t align, int zero)
+{
+    if (SHIM_UNLIKELY(__atomic_load_n(&deferred_count, __ATOMIC_RELAXED)))
+        drain_deferred();
+    if (align < 16)
+        align = 16;
+    void *p = registry_cache_take(n, align);
+    if (p) {
+        if (zero)
+            memset(p, 0, n);
+        return p;
+    }
+    if (arena_serves(n, align))
+        return arena_alloc(n, zero);
+    return huge_alloc(n, align, zero);
+}
+
+static int free_now(uintptr_t a)
+{
+    struct arena_slot *slot = NULL;
+    int r = arena_free(a, &slot);
+    if (r == 0)
+        return 1;
+    uintptr_t map = 0;
+    size_t map_len = 0;
+    int warm = 0;
+    if (r == 1) {
+        registry_free(a, slot, &map, &map_len, &warm);
+        return 1;
+    }
+    if (arena_contains(a))
+        return 1;   /* not a live block's start: the program's double or stray free; ignored */
+    enum registry_free_result res = registry_free(a, NULL, &map, &map_len, &warm);
+    if (res != REG_FREE_UNMAP)
+        return res == REG_FREE_DONE;
+    if (!retain(map, map_len, warm))
+        os_unmap((void *)map, map_len);
+    return 1;
 }
 
 int heap_free(void *p)
 {
-    table_lock();
-    struct block *b = table_find_base((uintptr_t)p);
-    if (!b || b->origin != ORIGIN_HEAP || b->state == BLOCK_CACHED) {
-        table_unlock();
-        return 0;
-    }
-    table_wait_reg_settled(b);
-    /* free() never calls the driver: it may run where CUDA calls are not allowed (inside a host
-     * callback), and reg_changing would stall until the device is idle. */
-    if (b->state == BLOCK_PROMOTED) {
-        if (shim_forked_child) {
-            /* The child owns no registration (the parent's driver state did the pinning):
-             * free the mapping and never touch the driver (semantics rule 8). */
-            stats_add(STAT_FORK_CHILD_FREES, 1);
-        } else {
-            /* Keep it pinned for the next large allocation that fits: reg_changing here
-             * would stall until the device is idle. */
-            policy_cache_put(b);
-            table_unlock();
-            return 1;
-        }
-    }
-    uintptr_t map = b->map_base;
-    size_t len = b->map_len;
-    int warm = !shim_forked_child && policy_worth_keeping_warm(b);
-    table_remove(b);
-    block_delete(b);
-    table_unlock();
-    if (!retain(map, len, warm))
-        os_unmap((void *)map, len);
-    return 1;
+    if (SHIM_UNLIKELY(__atomic_load_n(&deferred_count, __ATOMIC_RELAXED)))
+        drain_deferred();
+    return free_now((uintptr_t)p);
 }
 
 size_t heap_usable_size(void *p)
 {
-    size_t usable = (size_t)-1;
-    table_lock();
-    struct block *b = table_find_base((uintptr_t)p);
-    if (b && b->origin == ORIGIN_HEAP && b->state != BLOCK_CACHED)
-        usable = b->map_base + b->map_len - b->base;
-    table_unlock();
-    return usable;
+    struct arena_block ab;
+    uintptr_t a = (uintptr_t)p;
+    if (arena_find(a, &ab))
+        return ab.base == a ? ab.usable : (size_t)-1;
+    return registry_huge_usable(a);
 }
 
 void *heap_realloc(void *p, size_t n, int *handled)
 {
-    table_lock();
-    struct block *b = table_find_base((uintptr_t)p);
-    if (!b || b->origin != ORIGIN_HEAP || b->state == BLOCK_CACHED) {
-        table_unlock();
-        *handled = 0;
-        return NULL;
-    }
+    uintptr_t a = (uintptr_t)p;
+    size_t old;
+    struct arena_slot *slot = arena_slot_of(a);
     *handled = 1;
-    table_wait_reg_settled(b);
-    size_t usable = b->map_base + b->map_len - b->base;
-    size_t old = b->size;
-    if (n <= usable && n >= heap_track_min) {
-        /* In place: the mapping (and any registration of it) already covers n bytes. */
-        b->size = n;
-        table_unlock();
-        return p;
+    if (slot) {
+        uint32_t st = __atomic_load_n(&slot->state, __ATOMIC_ACQUIRE);
+        if (st == SLOT_FREE) {
+            *handled = 0;
+            return NULL;
+        }
+        old = slot->size;
+        if (n >= heap_track_min && arena_serves(n, 16) && arena_usable_for(n) == arena_usable_for(old)) {
+            /* In place: the block (and any registration of it) already covers n bytes. */
+            slot->size = n;
+            return p;
+        }
+    } else {
+        int r = registry_huge_resize(a, n, &old);
+        if (r < 0) {
+            *handled = 0;
+            return NULL;
+        }
+        if (r == 1)
+            return p;
     }
-    table_unlock();
-    /* Move: a new block (perhaps from the cache, perhaps a small one from the real allocator),
-     * then the old one goes the way of free(), so a registration is never handed back to the
+    /* Move: a new block (perhaps from the cache, perhaps a small one from the C library), then
+     * the old one goes the way of free(), so a registration is never handed back to the
      * allocator or shrunk under the program. */
     void *q = n >= heap_track_min ? heap_alloc(n, 16, 0) : libc.malloc(n);
     if (!q)
@@ -223,31 +235,37 @@ void *heap_realloc(void *p, size_t n, int *handled)
     return q;
 }
 
-void heap_track_mapping(void *p, size_t len, int prot, int flags)
+void heap_track_mapping(void *p, size_t len, int prot)
 {
     if (len < heap_track_min || !(prot & PROT_READ))
         return;
-    table_lock();
-    if (table_find_containing((uintptr_t)p)) {
-        table_unlock();
-        return;
-    }
-    struct block *b = block_new();
-    if (b) {
-        b->base = b->map_base = (uintptr_t)p;
-        b->size = b->map_len = page_up(len);
-        b->origin = ORIGIN_MMAP;
-        b->state = BLOCK_PAGEABLE;
-        b->prot = prot;
-        if (table_insert(b) != 0)
-            block_delete(b); /* the program's mapping then simply stays untracked */
-    }
-    table_unlock();
+    registry_track_mapping((uintptr_t)p, len, prot);
 }
 
 void heap_before_unmap(void *p, size_t len, int drop)
 {
-    if (!table_count())
-        return;
-    policy_release_range((uintptr_t)p, len, drop);
+    registry_release_range((uintptr_t)p, len, drop);
+}
+
+void heap_after_protect(void *p, size_t len, int prot)
+{
+    registry_protect((uintptr_t)p, len, prot);
+}
+
+void heap_before_fork(void)
+{
+    pthread_mutex_lock(&retained_mu);
+    arena_before_fork();
+}
+
+void heap_after_fork_parent(void)
+{
+    arena_after_fork_parent();
+    pthread_mutex_unlock(&retained_mu);
+}
+
+void heap_after_fork_child(void)
+{
+    arena_after_fork_child();
+    pthread_mutex_init(&retained_mu, NULL);
 }

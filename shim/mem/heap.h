@@ -1,8 +1,9 @@
-/* Large allocations: blocks of at least PINSHIM_MIN_SIZE get their own page-aligned mapping, so a
- * registration never shares a page with another allocation and can be kept (cached) after
- * free.  Also the tracking of the program's own mappings. */
-#ifndef PINSHIM_HEAP_H
-#define PINSHIM_HEAP_H
+/* The heap behind the exported malloc family: blocks of at least PINSHIM_MIN_SIZE.  Blocks that
+ * fit come from the arena (arena.h), larger or more aligned ones get a mapping of their own; a
+ * freed block the shim registered waits in the registry's pinned cache for the next allocation
+ * that fits.  The hooks stay thin: they call these and nothing else of mem/. */
+#ifndef PINSHIM_MEM_HEAP_H
+#define PINSHIM_MEM_HEAP_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -11,21 +12,29 @@
 /* Smallest size served here; SIZE_MAX while the shim is not tracking (before start-up, off). */
 extern size_t heap_track_min;
 
+void heap_init(void);
+
 void *heap_alloc(size_t n, size_t align, int zero);
 /* 1 when p was a heap block (now freed or cached), 0 when it is not the shim's. */
 int heap_free(void *p);
+/* free() from inside the shim's own work on this thread (a signal handler of the program that
+ * interrupted it): no lock may be taken, so a heap block waits for the thread's next call.
+ * 1 when p is (or may be) the shim's and was set aside, 0 when it is not. */
+int heap_free_deferred(void *p);
 /* Usable bytes of a heap block, or (size_t)-1 when p is not one. */
 size_t heap_usable_size(void *p);
 /* realloc for a heap block p; *handled = 0 when p is not one. */
 void *heap_realloc(void *p, size_t n, int *handled);
 
 /* The program's own mappings. */
-void heap_track_mapping(void *p, size_t len, int prot, int flags);
-/* Before [p, p+len) is unmapped, replaced, remapped or discarded: let go of registrations and
- * (drop != 0) stop tracking blocks there. */
+void heap_track_mapping(void *p, size_t len, int prot);
+/* Before [p, p+len) is unmapped, replaced, remapped (drop) or discarded: let go of
+ * registrations there and (drop) stop tracking blocks there. */
 void heap_before_unmap(void *p, size_t len, int drop);
+/* After mprotect(p, len, prot) succeeded. */
+void heap_after_protect(void *p, size_t len, int prot);
 
-/* Fork: the retained list must be consistent in the child. */
+/* Fork: locks and lists consistent in the child. */
 void heap_before_fork(void);
 void heap_after_fork_parent(void);
 void heap_after_fork_child(void);

@@ -9,7 +9,6 @@
 #include "stats/stats.h"
 #include "base/config.h"
 #include "base/os.h"
-#include "mem/heap.h"
 #include "base/hooks.h"
 #include "base/log.h"
 #include "mem/nodebudget.h"

@@ -4,18 +4,18 @@
 #include <stdint.h>
 #include "base/config.h"
 #include "base/meta.h"
-#include "mem/heap.h"
-#include "mem/policy.h"
 #include "base/real.h"
 #include "base/shim.h"
 #include "copy/staging.h"
-#include "stats/stats.h"
 #include "copy/streams.h"
-#include "mem/table.h"
+#include "mem/heap.h"
+#include "mem/registry.h"
+#include "stats/stats.h"
 
+/* Every lock the child needs, taken in the order the shim takes them at run time. */
 static void before_fork(void)
 {
-    table_lock();
+    registry_before_fork();
     heap_before_fork();
     meta_before_fork();
 }
@@ -24,7 +24,7 @@ static void after_fork_parent(void)
 {
     meta_after_fork_parent();
     heap_after_fork_parent();
-    table_unlock();
+    registry_after_fork_parent();
 }
 
 static void after_fork_child(void)
@@ -33,9 +33,8 @@ static void after_fork_child(void)
      * (semantics rule 8).  Its frees of tracked blocks still work, without the driver. */
     shim_forked_child = 1;
     meta_after_fork_child();
-    table_after_fork_child();
     heap_after_fork_child();
-    policy_forget_registrations();
+    registry_after_fork_child();
     streams_forget_all();
     staging_shutdown();
 }
@@ -56,6 +55,7 @@ void shim_init(void)
     shim_enter();
     real_libc_resolve();
     config_load(NULL);
+    heap_init();
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     if (shim_cfg.mode != MODE_OFF)
         heap_track_min = (size_t)shim_cfg.min_size;

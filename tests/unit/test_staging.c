@@ -14,14 +14,13 @@
 #include <string.h>
 #include <cuda.h>
 #include "base/config.h"
-#include "mem/policy.h"
+#include "mem/registry.h"
 #include "base/real.h"
 #include "base/shim.h"
 #include "copy/staging.h"
 #include "stats/stats.h"
 #include "testutil.h"
 
-extern size_t staging_slice_min;   /* staging.c: lowered here so small chunks use the pool */
 
 #define K 1024ul
 #define M (1024ul * 1024ul)
@@ -206,7 +205,7 @@ static void round_trip_2d(CUdeviceptr dbuf, size_t dsize, size_t width, size_t h
 
 static void check_budget(const char *what, uint64_t at_least)
 {
-    uint64_t reg = policy_registered_bytes();
+    uint64_t reg = registry_registered_bytes();
     CHECKF(reg >= at_least && reg <= shim_cfg.budget,
            "%s: registered bytes %llu cover the staging buffers (>= %llu) within the budget %llu",
            what, (unsigned long long)reg, (unsigned long long)at_least,
@@ -277,7 +276,7 @@ int main(int argc, char **argv)
     settings(chunk, 2, 4, 100 * K);   /* two 64K buffers do not fit in 100K */
     CHECK(!staging_available(256 * K));
     CHECK(!stage(DIR_H2D, host, 0, dbuf, 0, 256 * K, 1, NULL, LEGACY, &r));
-    CHECK(policy_registered_bytes() == 0);
+    CHECK(registry_registered_bytes() == 0);
 
     settings(chunk, 2, 4, 1ull << 30);
     CHECK(staging_available(256 * K));
@@ -288,12 +287,12 @@ int main(int argc, char **argv)
     CHECK(!staging_available(256 * K));
     shim_cfg.mode = MODE_FULL;
 
-    /* The budget is taken by promotions: policy_reserve fails, staging declines. */
+    /* The budget is taken by promotions: registry_reserve fails, staging declines. */
     shim_cfg.budget = 3 * chunk;
-    CHECK(policy_reserve(2 * chunk));
+    CHECK(registry_reserve(2 * chunk));
     CHECK(!stage(DIR_H2D, host, 0, dbuf, 0, 256 * K, 1, NULL, LEGACY, &r));
-    CHECK(policy_registered_bytes() == 2 * chunk);
-    policy_release(2 * chunk);
+    CHECK(registry_registered_bytes() == 2 * chunk);
+    registry_unreserve(2 * chunk);
     shim_cfg.budget = 1ull << 30;
 
     /* Device ranges the original call would reject. */
@@ -306,7 +305,6 @@ int main(int argc, char **argv)
     CHECK(stats_get(STAT_STAGED_COPIES) == 0);
 
     /* ---- round trips: many small chunks, the pool splitting each ---- */
-    staging_slice_min = 4 * K;
     for (unsigned nbuf = 2; nbuf <= 3; nbuf++) {
         char what[64];
         settings(chunk, nbuf, 4, 1ull << 30);
@@ -325,9 +323,9 @@ int main(int argc, char **argv)
         round_trip_1d(dbuf, dsize, 0, 0, what);
         check_budget(what, nbuf * chunk);
     }
-    CHECKF(policy_registered_bytes() == 3 * chunk,
+    CHECKF(registry_registered_bytes() == 3 * chunk,
            "the 2-buffer lane was rebuilt with 3 buffers (registered %llu)",
-           (unsigned long long)policy_registered_bytes());
+           (unsigned long long)registry_registered_bytes());
 
     /* ---- 2D ---- */
     round_trip_2d(dbuf, dsize, 700, 300, 1000, 1024, "rows packed");
@@ -337,8 +335,7 @@ int main(int argc, char **argv)
     round_trip_2d(dbuf, dsize, chunk, 5, chunk + 3, chunk + 64, "rows exactly one chunk");
     round_trip_2d(dbuf, dsize, 4096, 64, 4096, 4096, "contiguous both sides");
 
-    /* ---- the pool's real slice size, bigger chunks ---- */
-    staging_slice_min = 1 * M;
+    /* ---- bigger chunks (slices of a quarter MiB) ---- */
     {
         settings(4 * M, 3, 4, 1ull << 30);
         size_t n = 14 * M;
@@ -349,7 +346,6 @@ int main(int argc, char **argv)
         MUST(d.mem_free(big));
     }
     settings(chunk, 3, 4, 1ull << 30);
-    staging_slice_min = 4 * K;
     /* Rebuild the lane now: unregistering the old one waits for the device to go idle, which
      * would hide a missing ordering below. */
     round_trip_1d(dbuf, chunk * 2, 0, 0, "lane rebuilt for 64K chunks");
@@ -422,7 +418,7 @@ int main(int argc, char **argv)
                wa.staged, wb.staged);
         CHECK(wa.staged > 0 && wb.staged > 0);
         check_budget("two lanes", 3 * chunk);
-        CHECKF(policy_registered_bytes() <= 2 * 3 * chunk, "at most two lanes per context");
+        CHECKF(registry_registered_bytes() <= 2 * 3 * chunk, "at most two lanes per context");
         MUST(d.mem_free(a_dev));
         MUST(d.mem_free(b_dev));
     }

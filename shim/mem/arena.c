@@ -1,0 +1,486 @@
+/* The large-block arena (see arena.h).
+ *
+ * Size classes: whole pages; 1-4 pages, then four steps per power of two (5, 6, 7, 8, 10, 12,
+ * 14, 16, 20, ... pages), up to ARENA_MAX_BLOCK.  A request gets the smallest class that holds
+ * it, so at most a quarter of a block's pages lie beyond what was asked for; those pages are
+ * never touched by the program, so they cost address space, not memory.
+ *
+ * Locks: each class has one, taken only to refill or flush a thread's cache; segments are made
+ * under a global one.  The segment map (one pointer per possible segment, 16 MiB of address
+ * space touched only where segments are) and slot arrays are read without locks: a segment is
+ * never unmapped, so a reader may see a slot change state, never a slot disappear. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include "base/config.h"
+#include "base/meta.h"
+#include "base/os.h"
+#include "base/shim.h"
+#include "mem/arena.h"
+
+#define ADDR_BITS 47
+#define SEGMAP_ENTRIES (1ul << (ADDR_BITS - ARENA_SEG_SHIFT))
+/* A thread keeps up to TC_SLOTS blocks of a class, and no more than TC_CLASS_BYTES of it
+ * (at least one block): enough that a loop of allocations and frees of one size never leaves
+ * the thread. */
+#define TC_SLOTS 8
+#define TC_CLASS_BYTES (32ul << 20)
+#define TC_TOTAL_BYTES (128ul << 20)
+/* Freed blocks whose pages stay resident in the central lists, in all: a 64th of the machine's
+ * memory, within [256 MiB, 4 GiB]; beyond it freed blocks give their pages back.  (The C
+ * library never gives back freed memory below the top of its heap.) */
+#define CENTRAL_RESIDENT_MIN (256ul << 20)
+#define CENTRAL_RESIDENT_CAP (4ul << 30)
+
+struct arena_seg {
+    uintptr_t data;            /* == the segment's address */
+    size_t bsize;              /* class size */
+    uint32_t nblocks;
+    uint32_t fresh;            /* blocks [0, fresh) have been handed out at least once */
+    unsigned cls;
+    struct arena_slot slots[];
+};
+
+struct central {
+    pthread_mutex_t mu;
+    struct arena_slot *resident;   /* freed, pages kept: reused first (no faults) */
+    struct arena_slot *purged;     /* freed, pages given back: zero */
+    struct arena_seg *cur;         /* the segment fresh blocks come from */
+};
+
+struct tcache {
+    uint8_t count[ARENA_CLASSES];
+    size_t bytes;
+    struct arena_slot *slots[ARENA_CLASSES][TC_SLOTS];
+};
+
+static size_t class_bytes[ARENA_CLASSES];
+static unsigned class_keep[ARENA_CLASSES];   /* thread-cache depth per class */
+static struct central central[ARENA_CLASSES];
+static struct arena_seg **segmap;
+static pthread_mutex_t seg_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t seg_count, resident_free_bytes, purged_blocks;
+static size_t central_resident_max = CENTRAL_RESIDENT_MIN;
+
+static __thread struct tcache *my_cache;
+static pthread_key_t cache_key;
+static pthread_once_t cache_key_once = PTHREAD_ONCE_INIT;
+static int cache_key_ok;
+
+/* ---- classes ---- */
+
+static unsigned class_of_pages(size_t pages)
+{
+    if (pages <= 4)
+        return pages ? (unsigned)pages - 1 : 0;
+    size_t x = pages - 1;
+    unsigned lg = 63u - (unsigned)__builtin_clzll(x);
+    unsigned shift = lg - 2;
+    return 4 + (lg - 2) * 4 + (unsigned)((x >> shift) & 3);
+}
+
+static size_t pages_of_class(unsigned c)
+{
+    if (c < 4)
+        return c + 1;
+    unsigned group = (c - 4) / 4, step = (c - 4) % 4;
+    unsigned shift = group;
+    return ((size_t)(4 + step) + 1) << shift;
+}
+
+void arena_init(void)
+{
+    for (unsigned c = 0; c < ARENA_CLASSES; c++) {
+        class_bytes[c] = pages_of_class(c) * SHIM_PAGE_SIZE;
+        size_t keep = TC_CLASS_BYTES / class_bytes[c];
+        class_keep[c] = keep < 1 ? 1 : keep > TC_SLOTS ? TC_SLOTS : (unsigned)keep;
+        pthread_mutex_init(&central[c].mu, NULL);
+    }
+    uint64_t ram = config_physical_memory() / 64;
+    central_resident_max = ram < CENTRAL_RESIDENT_MIN ? CENTRAL_RESIDENT_MIN
+                         : ram > CENTRAL_RESIDENT_CAP ? CENTRAL_RESIDENT_CAP : (size_t)ram;
+}
+
+static inline unsigned class_of(size_t n)
+{
+    return class_of_pages((n + SHIM_PAGE_SIZE - 1) / SHIM_PAGE_SIZE);
+}
+
+size_t arena_usable_for(size_t n)
+{
+    return class_bytes[class_of(n)];
+}
+
+unsigned arena_class(size_t n)
+{
+    return class_of(n);
+}
+
+/* ---- segments ---- */
+
+static inline struct arena_seg *seg_of(uintptr_t p)
+{
+    uintptr_t i = p >> ARENA_SEG_SHIFT;
+    struct arena_seg **map = __atomic_load_n(&segmap, __ATOMIC_ACQUIRE);
+    if (!map || i >= SEGMAP_ENTRIES)
+        return NULL;
+    return __atomic_load_n(&map[i], __ATOMIC_ACQUIRE);
+}
+
+int arena_contains(uintptr_t p)
+{
+    return seg_of(p) != NULL;
+}
+
+/* A new segment of class c; its class lock is held by the caller. */
+static struct arena_seg *seg_new(unsigned c)
+{
+    size_t bsize = class_bytes[c];
+    uint32_t n = (uint32_t)(ARENA_SEG_SIZE / bsize);
+    size_t hdr = sizeof(struct arena_seg) + n * sizeof(struct arena_slot);
+    pthread_mutex_lock(&seg_mu);
+    if (!segmap) {
+        struct arena_seg **map = os_map(SEGMAP_ENTRIES * sizeof *map);
+        if (!map) {
+            pthread_mutex_unlock(&seg_mu);
+            return NULL;
+        }
+        __atomic_store_n(&segmap, map, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&seg_mu);
+    void *mem = os_map_aligned(ARENA_SEG_SIZE, ARENA_SEG_SIZE);
+    if (!mem)
+        return NULL;
+    if (((uintptr_t)mem >> ARENA_SEG_SHIFT) >= SEGMAP_ENTRIES) {
+        os_unmap(mem, ARENA_SEG_SIZE);   /* beyond the map's reach: the C library serves it */
+        return NULL;
+    }
+    struct arena_seg *s = meta_alloc(hdr);
+    if (!s) {
+        os_unmap(mem, ARENA_SEG_SIZE);
+        return NULL;
+    }
+    s->data = (uintptr_t)mem;
+    s->bsize = bsize;
+    s->nblocks = n;
+    s->fresh = 0;
+    s->cls = c;
+    for (uint32_t i = 0; i < n; i++) {
+        s->slots[i].addr = s->data + (uintptr_t)i * bsize;
+        s->slots[i].zero = 1;
+    }
+    __atomic_store_n(&segmap[(uintptr_t)mem >> ARENA_SEG_SHIFT], s, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&seg_count, 1, __ATOMIC_RELAXED);
+    return s;
+}
+
+static inline struct arena_slot *slot_at(struct arena_seg *s, uintptr_t p)
+{
+    uint32_t i = (uint32_t)(p - s->data) / (uint32_t)s->bsize;
+    return i < s->nblocks ? &s->slots[i] : NULL;
+}
+
+struct arena_slot *arena_slot_of(uintptr_t p)
+{
+    struct arena_seg *s = seg_of(p);
+    if (!s)
+        return NULL;
+    struct arena_slot *sl = slot_at(s, p);
+    return sl && sl->addr == p ? sl : NULL;
+}
+
+int arena_find(uintptr_t p, struct arena_block *out)
+{
+    struct arena_seg *s = seg_of(p);
+    if (!s)
+        return 0;
+    struct arena_slot *sl = slot_at(s, p);
+    if (!sl || __atomic_load_n(&sl->state, __ATOMIC_ACQUIRE) == SLOT_FREE)
+        return 0;
+    out->slot = sl;
+    out->base = sl->addr;
+    out->usable = s->bsize;
+    return 1;
+}
+
+void arena_for_each_in_range(uintptr_t p, size_t n, void (*fn)(struct arena_slot *, void *), void *arg)
+{
+    if (!n || !__atomic_load_n(&segmap, __ATOMIC_ACQUIRE))
+        return;
+    uintptr_t end = p + n < p ? UINTPTR_MAX : p + n;
+    for (uintptr_t segp = p & ~(ARENA_SEG_SIZE - 1); segp < end; segp += ARENA_SEG_SIZE) {
+        struct arena_seg *s = seg_of(segp);
+        if (s) {
+            uintptr_t lo = p > s->data ? p : s->data;
+            uint32_t first = (uint32_t)((lo - s->data) / s->bsize);
+            for (uint32_t i = first; i < s->nblocks && s->slots[i].addr < end; i++)
+                if (__atomic_load_n(&s->slots[i].state, __ATOMIC_ACQUIRE) != SLOT_FREE)
+                    fn(&s->slots[i], arg);
+        }
+        if (segp + ARENA_SEG_SIZE < segp)
+            break;
+    }
+}
+
+/* ---- central lists ---- */
+
+/* Put a freed block on its central list; pages beyond the resident bound are given back.
+ * Class lock held. */
+static void central_put(struct central *cl, struct arena_slot *sl, size_t bsize)
+{
+    if (!sl->zero && __atomic_load_n(&resident_free_bytes, __ATOMIC_RELAXED) + bsize > central_resident_max) {
+        os_madvise((void *)sl->addr, bsize, MADV_DONTNEED);
+        sl->zero = 1;
+        __atomic_add_fetch(&purged_blocks, 1, __ATOMIC_RELAXED);
+    }
+    if (sl->zero) {
+        sl->next = cl->purged;
+        cl->purged = sl;
+    } else {
+        sl->next = cl->resident;
+        cl->resident = sl;
+        __atomic_add_fetch(&resident_free_bytes, bsize, __ATOMIC_RELAXED);
+    }
+}
+
+/* Up to `want` free blocks of class c into out[]; returns how many. */
+static unsigned central_take(unsigned c, struct arena_slot **out, unsigned want)
+{
+    struct central *cl = &central[c];
+    unsigned got = 0;
+    pthread_mutex_lock(&cl->mu);
+    while (got < want && cl->resident) {
+        struct arena_slot *sl = cl->resident;
+        cl->resident = sl->next;
+        __atomic_sub_fetch(&resident_free_bytes, class_bytes[c], __ATOMIC_RELAXED);
+        out[got++] = sl;
+    }
+    while (got < want && cl->purged) {
+        out[got++] = cl->purged;
+        cl->purged = cl->purged->next;
+    }
+    while (got < want) {
+        struct arena_seg *s = cl->cur;
+        if (!s || s->fresh == s->nblocks) {
+            if (!(s = seg_new(c)))
+                break;
+            cl->cur = s;
+        }
+        out[got++] = &s->slots[s->fresh++];
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return got;
+}
+
+static void central_put_many(unsigned c, struct arena_slot **in, unsigned n)
+{
+    struct central *cl = &central[c];
+    pthread_mutex_lock(&cl->mu);
+    for (unsigned i = 0; i < n; i++)
+        central_put(cl, in[i], class_bytes[c]);
+    pthread_mutex_unlock(&cl->mu);
+}
+
+/* ---- thread caches ---- */
+
+static void flush_cache(struct tcache *tc)
+{
+    for (unsigned c = 0; c < ARENA_CLASSES; c++) {
+        if (tc->count[c])
+            central_put_many(c, tc->slots[c], tc->count[c]);
+        tc->count[c] = 0;
+    }
+    tc->bytes = 0;
+}
+
+static void cache_destroy(void *arg)
+{
+    struct tcache *tc = arg;
+    if (!tc)
+        return;
+    flush_cache(tc);
+    if (my_cache == tc)
+        my_cache = NULL;
+    meta_free(tc, sizeof *tc);
+}
+
+static void make_cache_key(void)
+{
+    cache_key_ok = pthread_key_create(&cache_key, cache_destroy) == 0;
+}
+
+/* The calling thread's cache, made on first use; NULL when none can be had (the central lists
+ * then serve every call). */
+static struct tcache *thread_cache(void)
+{
+    struct tcache *tc = my_cache;
+    if (SHIM_LIKELY(tc != NULL))
+        return tc;
+    pthread_once(&cache_key_once, make_cache_key);
+    if (!cache_key_ok || !(tc = meta_alloc(sizeof *tc)))
+        return NULL;
+    if (pthread_setspecific(cache_key, tc) != 0) {
+        meta_free(tc, sizeof *tc);
+        return NULL;
+    }
+    my_cache = tc;
+    return tc;
+}
+
+void arena_flush_thread_cache(void)
+{
+    if (my_cache)
+        flush_cache(my_cache);
+}
+
+/* ---- allocation ---- */
+
+void *arena_alloc(size_t n, int zero)
+{
+    unsigned c = class_of(n);
+    size_t bsize = class_bytes[c];
+    struct tcache *tc = thread_cache();
+    struct arena_slot *sl = NULL;
+    if (tc && tc->count[c]) {
+        sl = tc->slots[c][--tc->count[c]];
+        tc->bytes -= bsize;
+    } else if (tc) {
+        /* Refill half the cache at once: one lock for several allocations. */
+        unsigned want = class_keep[c] > 1 ? class_keep[c] / 2 + 1 : 1;
+        struct arena_slot *got[TC_SLOTS];
+        unsigned k = central_take(c, got, want);
+        if (k) {
+            sl = got[--k];
+            for (unsigned i = 0; i < k; i++)
+                tc->slots[c][tc->count[c]++] = got[i];
+            tc->bytes += (size_t)k * bsize;
+        }
+    } else {
+        central_take(c, &sl, 1);
+    }
+    if (!sl) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    sl->size = n;
+    sl->rec = NULL;
+    if (zero && !sl->zero)
+        memset((void *)sl->addr, 0, n);
+    sl->zero = 0;
+    __atomic_store_n(&sl->state, SLOT_LIVE, __ATOMIC_RELEASE);
+    return (void *)sl->addr;
+}
+
+/* A block that is the arena's again goes to this thread's cache, or its central list. */
+static void put_free(struct arena_seg *s, struct arena_slot *sl)
+{
+    unsigned c = s->cls;
+    size_t bsize = s->bsize;
+    struct tcache *tc = thread_cache();
+    if (tc && tc->count[c] < class_keep[c] && tc->bytes + bsize <= TC_TOTAL_BYTES) {
+        tc->slots[c][tc->count[c]++] = sl;
+        tc->bytes += bsize;
+        return;
+    }
+    if (tc && tc->count[c] >= class_keep[c]) {
+        /* Full: half of it to the central list, then keep this one. */
+        unsigned move = (tc->count[c] + 1) / 2;
+        central_put_many(c, &tc->slots[c][tc->count[c] - move], move);
+        tc->count[c] -= move;
+        tc->bytes -= (size_t)move * bsize;
+        if (tc->bytes + bsize <= TC_TOTAL_BYTES) {
+            tc->slots[c][tc->count[c]++] = sl;
+            tc->bytes += bsize;
+            return;
+        }
+    }
+    central_put_many(c, &sl, 1);
+}
+
+int arena_free(uintptr_t p, struct arena_slot **tracked)
+{
+    struct arena_seg *s = seg_of(p);
+    if (!s)
+        return -1;
+    struct arena_slot *sl = slot_at(s, p);
+    if (!sl || sl->addr != p)
+        return -1;
+    uint32_t expect = SLOT_LIVE;
+    if (!__atomic_compare_exchange_n(&sl->state, &expect, SLOT_FREE, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+    {
+        if (expect != SLOT_TRACKED)
+            return -1;   /* a double free stays the program's bug */
+        *tracked = sl;
+        return 1;
+    }
+    put_free(s, sl);
+    return 0;
+}
+
+int arena_track(struct arena_slot *s, void *rec)
+{
+    uint32_t expect = SLOT_LIVE;
+    s->rec = rec;
+    if (__atomic_compare_exchange_n(&s->state, &expect, SLOT_TRACKED, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+        return 0;
+    s->rec = NULL;
+    return -1;
+}
+
+void arena_release(struct arena_slot *s)
+{
+    s->rec = NULL;
+    __atomic_store_n(&s->state, SLOT_FREE, __ATOMIC_RELEASE);
+    put_free(seg_of(s->addr), s);
+}
+
+void arena_untrack(struct arena_slot *s)
+{
+    s->rec = NULL;
+    __atomic_store_n(&s->state, SLOT_LIVE, __ATOMIC_RELEASE);
+}
+
+void arena_usage(struct arena_usage *u)
+{
+    u->segments = __atomic_load_n(&seg_count, __ATOMIC_RELAXED);
+    u->live_bytes = 0;
+    struct arena_seg **map = __atomic_load_n(&segmap, __ATOMIC_ACQUIRE);
+    /* A walk over the segment map: for tests and the report, never on a hot path. */
+    for (size_t i = 0; map && i < SEGMAP_ENTRIES; i++) {
+        struct arena_seg *s = __atomic_load_n(&map[i], __ATOMIC_ACQUIRE);
+        for (uint32_t k = 0; s && k < s->fresh; k++)
+            if (__atomic_load_n(&s->slots[k].state, __ATOMIC_RELAXED) != SLOT_FREE)
+                u->live_bytes += s->bsize;
+    }
+    u->free_resident = __atomic_load_n(&resident_free_bytes, __ATOMIC_RELAXED);
+    u->purged = __atomic_load_n(&purged_blocks, __ATOMIC_RELAXED);
+}
+
+/* ---- fork ---- */
+
+void arena_before_fork(void)
+{
+    pthread_mutex_lock(&seg_mu);
+    for (unsigned c = 0; c < ARENA_CLASSES; c++)
+        pthread_mutex_lock(&central[c].mu);
+}
+
+void arena_after_fork_parent(void)
+{
+    for (unsigned c = ARENA_CLASSES; c-- > 0;)
+        pthread_mutex_unlock(&central[c].mu);
+    pthread_mutex_unlock(&seg_mu);
+}
+
+void arena_after_fork_child(void)
+{
+    /* Only the forking thread exists here; its cache is still its own.  Blocks in the other
+     * threads' caches are lost to the child, as their threads are. */
+    for (unsigned c = 0; c < ARENA_CLASSES; c++)
+        pthread_mutex_init(&central[c].mu, NULL);
+    pthread_mutex_init(&seg_mu, NULL);
+}

@@ -1,0 +1,55 @@
+/* The promotion cost model (see costmodel.h). */
+#include "mem/costmodel.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+double cost_register_us(size_t block_bytes, size_t resident_bytes, const struct cost_rates *rates)
+{
+    if (resident_bytes > block_bytes)
+        resident_bytes = block_bytes;
+    return (double)resident_bytes / GIB * rates->register_us_per_gib +
+           (double)(block_bytes - resident_bytes) / GIB * rates->register_fault_us_per_gib;
+}
+
+static struct cost_decision decided(enum cost_verdict v, enum cost_reason r, double gain)
+{
+    return (struct cost_decision){ v, r, gain };
+}
+
+struct cost_decision cost_decide(const struct cost_inputs *in, const struct cost_rates *rates)
+{
+    if (in->block_bytes > in->budget)
+        return decided(COST_LEAVE, COST_LARGER_THAN_BUDGET, 0);
+    if (!in->writable && (!in->read_only_register || in->dir != DIR_H2D))
+        return decided(COST_LEAVE, COST_READ_ONLY, 0);
+    double alt = in->dir == DIR_H2D ? rates->h2d_pageable_mbps : rates->d2h_pageable_mbps;
+    if (alt <= 0 || rates->pinned_mbps <= 0)
+        return decided(COST_LEAVE, COST_NO_RATES, 0);
+    /* bytes / (MB/s) is microseconds.  Measured against the driver's own pageable path:
+     * staging gets closer to pinned speed, but only a registration reaches it. */
+    double saving_per_copy = (double)in->copy_bytes / alt - (double)in->copy_bytes / rates->pinned_mbps;
+    /* A block copied k times so far is expected to be copied about k more times: the saving
+     * counts for this copy and the ones expected to follow. */
+    double saving = saving_per_copy * (double)in->copies_seen;
+    if (in->resident_bytes == COST_RESIDENT_UNKNOWN) {
+        /* The cheapest case first (every page resident): most declines need no residency. */
+        double best = saving - cost_register_us(in->block_bytes, in->block_bytes, rates);
+        if (best <= 0)
+            return decided(COST_LEAVE, COST_GAIN_TOO_SMALL, best);
+        return decided(COST_NEED_RESIDENCY, COST_GAIN, best);
+    }
+    double gain = saving - cost_register_us(in->block_bytes, in->resident_bytes, rates);
+    if (gain <= 0)
+        return decided(COST_LEAVE, COST_GAIN_TOO_SMALL, gain);
+    return decided(COST_REGISTER, COST_GAIN, gain);
+}
+
+const char *cost_reason_text(enum cost_reason r)
+{
+    static const char *const texts[COST_REASON_COUNT] = {
+#define COST_REASON_TEXT_(name, text) [COST_##name] = text,
+        COST_REASONS(COST_REASON_TEXT_)
+#undef COST_REASON_TEXT_
+    };
+    return (unsigned)r < COST_REASON_COUNT ? texts[r] : "unknown";
+}
