@@ -18,10 +18,18 @@ void *os_map(size_t len)
     return raw_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
 }
 
-void *os_map_aligned(size_t len, size_t align)
+void *os_map_aligned(size_t len, size_t align, uintptr_t hint)
 {
     if (align <= SHIM_PAGE_SIZE)
         return os_map(len);
+    if (hint && !(hint & (align - 1))) {
+        /* Without MAP_FIXED the kernel takes the hint only where nothing is mapped. */
+        char *p = raw_mmap((void *)hint, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+        if (p && (uintptr_t)p == hint)
+            return p;
+        if (p)
+            os_unmap(p, len);
+    }
     if (len > SIZE_MAX - align) {
         errno = ENOMEM;
         return NULL;

@@ -11,8 +11,10 @@
 /* Private, zero-filled, read-write pages; NULL on failure (errno set). */
 void *os_map(size_t len);
 /* len bytes whose start is a multiple of align (a power of two, at least a page); NULL on
- * failure.  Maps len + align and trims the ends. */
-void *os_map_aligned(size_t len, size_t align);
+ * failure.  Tried first at `hint` (aligned, or 0 for none), so that a caller that asks for the
+ * place right below its last mapping gets one mapping that grows, not many; else maps
+ * len + align and trims the ends. */
+void *os_map_aligned(size_t len, size_t align, uintptr_t hint);
 /* A shared mapping of fd (the node budget's segment); NULL on failure. */
 void *os_map_shared(size_t len, int fd);
 int os_unmap(void *p, size_t len);

@@ -63,6 +63,7 @@ static struct arena_seg **segmap;
 static pthread_mutex_t seg_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t seg_count, resident_free_bytes, purged_blocks;
 static size_t central_resident_max = CENTRAL_RESIDENT_MIN;
+static uintptr_t last_seg;
 
 static __thread struct tcache *my_cache;
 static pthread_key_t cache_key;
@@ -150,7 +151,10 @@ static struct arena_seg *seg_new(unsigned c)
         __atomic_store_n(&segmap, map, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&seg_mu);
-    void *mem = os_map_aligned(ARENA_SEG_SIZE, ARENA_SEG_SIZE);
+    /* Right below the last segment, where the kernel's top-down placement leaves room: the
+     * segments then form one mapping. */
+    uintptr_t last = __atomic_load_n(&last_seg, __ATOMIC_RELAXED);
+    void *mem = os_map_aligned(ARENA_SEG_SIZE, ARENA_SEG_SIZE, last > ARENA_SEG_SIZE ? last - ARENA_SEG_SIZE : 0);
     if (!mem)
         return NULL;
     if (((uintptr_t)mem >> ARENA_SEG_SHIFT) >= SEGMAP_ENTRIES) {
@@ -167,11 +171,10 @@ static struct arena_seg *seg_new(unsigned c)
     s->nblocks = n;
     s->fresh = 0;
     s->cls = c;
-    for (uint32_t i = 0; i < n; i++) {
-        s->slots[i].addr = s->data + (uintptr_t)i * bsize;
-        s->slots[i].zero = 1;
-    }
+    /* Slots are filled in as their blocks are first handed out: the header's pages are touched
+     * only as far as the segment is used. */
     __atomic_store_n(&segmap[(uintptr_t)mem >> ARENA_SEG_SHIFT], s, __ATOMIC_RELEASE);
+    __atomic_store_n(&last_seg, (uintptr_t)mem, __ATOMIC_RELAXED);
     __atomic_add_fetch(&seg_count, 1, __ATOMIC_RELAXED);
     return s;
 }
@@ -215,7 +218,7 @@ void arena_for_each_in_range(uintptr_t p, size_t n, void (*fn)(struct arena_slot
         if (s) {
             uintptr_t lo = p > s->data ? p : s->data;
             uint32_t first = (uint32_t)((lo - s->data) / s->bsize);
-            for (uint32_t i = first; i < s->nblocks && s->slots[i].addr < end; i++)
+            for (uint32_t i = first; i < s->nblocks && s->data + (uintptr_t)i * s->bsize < end; i++)
                 if (__atomic_load_n(&s->slots[i].state, __ATOMIC_ACQUIRE) != SLOT_FREE)
                     fn(&s->slots[i], arg);
         }
@@ -268,7 +271,11 @@ static unsigned central_take(unsigned c, struct arena_slot **out, unsigned want)
                 break;
             cl->cur = s;
         }
-        out[got++] = &s->slots[s->fresh++];
+        struct arena_slot *sl = &s->slots[s->fresh];
+        sl->addr = s->data + (uintptr_t)s->fresh * s->bsize;
+        sl->zero = 1;
+        s->fresh++;
+        out[got++] = sl;
     }
     pthread_mutex_unlock(&cl->mu);
     return got;

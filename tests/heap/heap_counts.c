@@ -1,0 +1,191 @@
+/* What the heap costs the system, counted (not timed): run without and under the shim by
+ * tests/check_heap_counts.sh, which compares the two.
+ *
+ *   heap_counts maps N LO HI   N live blocks of LO..HI bytes (seeded sizes), one byte of each
+ *                              touched; prints the process's mappings at the peak, and checks
+ *                              that mmap, pthread_create and (on a driver) cuMemHostAlloc still
+ *                              work there
+ *   heap_counts loop SIZE PAIRS THREADS
+ *                              malloc, touch every page, free, one live block per thread;
+ *                              prints the minor page faults of the loop
+ *   heap_counts set SIZE LIVE OPS
+ *                              a working set of LIVE blocks of SIZE..2*SIZE, ops random
+ *                              replacements (every page of a new block touched); faults */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+static long minor_faults(void)
+{
+    struct rusage r;
+    getrusage(RUSAGE_SELF, &r);
+    return r.ru_minflt;
+}
+
+static long count_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return -1;
+    long n = 0;
+    int c;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static void *thread_ok(void *arg) { return arg; }
+
+static int maps_mode(long n, size_t lo, size_t hi)
+{
+    char **blocks = calloc((size_t)n, sizeof *blocks);
+    if (!blocks)
+        return 2;
+    for (long i = 0; i < n; i++) {
+        size_t sz = lo + (size_t)(next_rand() % (hi - lo + 1));
+        blocks[i] = malloc(sz);
+        if (!blocks[i]) {
+            printf("FAIL malloc %ld of %ld failed\n", i, n);
+            return 1;
+        }
+        blocks[i][0] = (char)i;
+    }
+    long maps = count_mappings();
+    int ok = 1;
+    void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        printf("FAIL mmap at the peak\n");
+        ok = 0;
+    } else {
+        munmap(m, 1 << 20);
+    }
+    pthread_t t;
+    if (pthread_create(&t, NULL, thread_ok, NULL) != 0) {
+        printf("FAIL pthread_create at the peak\n");
+        ok = 0;
+    } else {
+        pthread_join(t, NULL);
+    }
+    /* With a driver (the fake's, when LD_LIBRARY_PATH names it): pinned memory still comes. */
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) ? NULL : dlopen("libcuda.so.1", RTLD_NOW);
+    if (h) {
+        int (*init)(unsigned) = dlsym(h, "cuInit");
+        int (*dev_get)(int *, int) = dlsym(h, "cuDeviceGet");
+        int (*retain)(void **, int) = dlsym(h, "cuDevicePrimaryCtxRetain");
+        int (*set)(void *) = dlsym(h, "cuCtxSetCurrent");
+        int (*host_alloc)(void **, size_t, unsigned) = dlsym(h, "cuMemHostAlloc");
+        int (*free_host)(void *) = dlsym(h, "cuMemFreeHost");
+        int dev;
+        void *ctx, *p = NULL;
+        if (init && dev_get && retain && set && host_alloc && free_host && init(0) == 0 &&
+            dev_get(&dev, 0) == 0 && retain(&ctx, 0) == 0 && set(ctx) == 0) {
+            if (host_alloc(&p, 1 << 20, 0) != 0 || !p) {
+                printf("FAIL cuMemHostAlloc at the peak\n");
+                ok = 0;
+            } else {
+                free_host(p);
+            }
+        }
+    }
+    for (long i = 0; i < n; i++) {
+        if (blocks[i][0] != (char)i) {
+            printf("FAIL block %ld lost its content\n", i);
+            ok = 0;
+            break;
+        }
+        free(blocks[i]);
+    }
+    free(blocks);
+    printf("MAPPINGS %ld\n", maps);
+    return ok ? 0 : 1;
+}
+
+static size_t loop_size;
+static long loop_pairs;
+
+static void *loop_thread(void *arg)
+{
+    for (long i = 0; i < loop_pairs; i++) {
+        volatile char *p = malloc(loop_size);
+        if (!p)
+            return (void *)1;
+        for (size_t o = 0; o < loop_size; o += 4096)
+            p[o] = (char)i;
+        free((void *)p);
+    }
+    return arg;
+}
+
+static int loop_mode(size_t size, long pairs, int threads)
+{
+    loop_size = size;
+    loop_pairs = pairs;
+    pthread_t t[64];
+    if (threads > 64)
+        threads = 64;
+    long f0 = minor_faults();
+    int ok = 1;
+    for (int i = 0; i < threads; i++)
+        pthread_create(&t[i], NULL, loop_thread, NULL);
+    for (int i = 0; i < threads; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        ok &= r == NULL;
+    }
+    printf("FAULTS %ld\n", minor_faults() - f0);
+    return ok ? 0 : 1;
+}
+
+static int set_mode(size_t size, long live, long ops)
+{
+    char **blocks = calloc((size_t)live, sizeof *blocks);
+    if (!blocks)
+        return 2;
+    for (long i = 0; i < live; i++)
+        blocks[i] = malloc(size);
+    long f0 = minor_faults();
+    for (long k = 0; k < ops; k++) {
+        long i = (long)(next_rand() % (uint64_t)live);
+        free(blocks[i]);
+        size_t sz = size + (size_t)(next_rand() % size);
+        volatile char *p = malloc(sz);
+        if (!p)
+            return 1;
+        for (size_t o = 0; o < sz; o += 4096)
+            p[o] = (char)k;
+        blocks[i] = (char *)p;
+    }
+    printf("FAULTS %ld\n", minor_faults() - f0);
+    for (long i = 0; i < live; i++)
+        free(blocks[i]);
+    free(blocks);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && !strcmp(argv[1], "maps"))
+        return maps_mode(atol(argv[2]), strtoul(argv[3], NULL, 0), strtoul(argv[4], NULL, 0));
+    if (argc == 5 && !strcmp(argv[1], "loop"))
+        return loop_mode(strtoul(argv[2], NULL, 0), atol(argv[3]), atoi(argv[4]));
+    if (argc == 5 && !strcmp(argv[1], "set"))
+        return set_mode(strtoul(argv[2], NULL, 0), atol(argv[3]), atol(argv[4]));
+    fprintf(stderr, "usage: heap_counts maps N LO HI | loop SIZE PAIRS THREADS | set SIZE LIVE OPS\n");
+    return 2;
+}
