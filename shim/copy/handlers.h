@@ -1,4 +1,5 @@
-/* The handler every variant of a hooked entry point forwards to (declared from hooks.def). */
+/* The handler every variant of a hooked entry point forwards to (declared from hooks.def).  A
+ * handler runs inside the shim's guard, entered by its door, and only when the shim may act. */
 #ifndef PINSHIM_HANDLERS_H
 #define PINSHIM_HANDLERS_H
 
@@ -9,8 +10,5 @@
 #define HOOK(sym, base, ver, flav, handler, params, args) CUresult handler(enum hook_id id, HOOK_UNPACK params);
 #include "base/hooks.def"
 #undef HOOK
-
-/* Whether the shim may act on this call at all: the mode, the fork child, its own work. */
-int copy_engaged(void);
 
 #endif

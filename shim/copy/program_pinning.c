@@ -11,54 +11,39 @@
 CUresult on_host_register(enum hook_id id, void *p, size_t n, unsigned int flags)
 {
     /* The program's registration must succeed as it would without the shim (rule 5). */
-    CUresult (*reg)(void *, size_t, unsigned) = (PFN_cuMemHostRegister_v6050)real_hook[id];
-    if (!copy_engaged())
-        return reg(p, n, flags);
-    shim_enter();
-    CUresult r = registry_program_register(p, n, flags, reg);
-    shim_leave();
-    return r;
+    return registry_program_register(p, n, flags, (PFN_cuMemHostRegister_v6050)real_hook[id]);
 }
 
 CUresult on_host_unregister(enum hook_id id, void *p)
 {
-    CUresult (*unreg)(void *) = (PFN_cuMemHostUnregister_v4000)real_hook[id];
-    if (!copy_engaged())
-        return unreg(p);
-    shim_enter();
-    CUresult r = registry_program_unregister(p, unreg);
-    shim_leave();
-    return r;
+    /* Without the shim this memory may not be registered at all: the registry answers as the
+     * driver would then (rules 3 and 4). */
+    return registry_program_unregister(p, (PFN_cuMemHostUnregister_v4000)real_hook[id]);
 }
 
 CUresult on_host_alloc(enum hook_id id, void **pp, size_t n, unsigned int flags)
 {
-    /* The driver's own allocations inside this call are not the program's blocks. */
-    shim_enter();
+    /* The driver's own allocations inside this call are not the program's blocks: the door's
+     * guard sends them to the C library. */
     CUresult r = ((PFN_cuMemHostAlloc_v2020)real_hook[id])(pp, n, flags);
     if (r == CUDA_SUCCESS && pp && *pp)
         registry_program_allocated((uintptr_t)*pp, n);
-    shim_leave();
     return r;
 }
 
 CUresult on_alloc_host(enum hook_id id, void **pp, size_t n)
 {
-    shim_enter();
     CUresult r = ((PFN_cuMemAllocHost_v3020)real_hook[id])(pp, n);
     if (r == CUDA_SUCCESS && pp && *pp)
         registry_program_allocated((uintptr_t)*pp, n);
-    shim_leave();
     return r;
 }
 
 CUresult on_free_host(enum hook_id id, void *p)
 {
-    shim_enter();
     CUresult r = ((PFN_cuMemFreeHost_v2000)real_hook[id])(p);
     if (r == CUDA_SUCCESS)
         registry_program_freed((uintptr_t)p);
-    shim_leave();
     return r;
 }
 

@@ -636,7 +636,6 @@ int staging_copy(const struct stage_req *req, CUresult *result)
         capture_active() || !drv.cuPointerGetAttribute)
         return 0;
     uint64_t t0 = shim_now_ns();
-    shim_enter();
     int staged = 0;
     struct lane *l = NULL;
     struct shim_stream *ss = streams_current();
@@ -669,7 +668,6 @@ int staging_copy(const struct stage_req *req, CUresult *result)
 out:
     if (l)
         lane_release(l);
-    shim_leave();
     if (staged) {
         stats_add(STAT_STAGED_COPIES, 1);
         stats_add(STAT_STAGED_BYTES, req->width * req->height);

@@ -11,9 +11,19 @@
 #include "base/shim.h"
 #include "stats/stats.h"
 
+/* Whether the shim may act on a call at all: its mode, a fork child (which must never reach
+ * the driver through the shim, rule 8), and its own work (its calls are not the program's). */
+static inline int door_engaged(void)
+{
+    return shim_cfg.mode != MODE_OFF && !shim_busy && !shim_forked_child;
+}
+
 /* A door resolves the driver on first use (a program linked against libcuda calls doors without
- * any lookup first). */
+ * any lookup first), counts the call, and brackets the handler with the shim's guard: nothing
+ * below takes or leaves the guard by hand.  When the shim may not act, the driver's own function
+ * runs, untouched. */
 #define HOOK(sym, base, ver, flav, handler, params, args)                              \
+    typedef CUresult (*door_fn_##sym) params;                                           \
     SHIM_EXPORT CUresult door_##sym params __asm__(#sym);                               \
     CUresult door_##sym params                                                          \
     {                                                                                   \
@@ -22,7 +32,12 @@
         if (SHIM_UNLIKELY(!real_hook[HOOK_##sym]))                                      \
             return CUDA_ERROR_NOT_FOUND;                                                \
         stats_count_entry(HOOK_##sym);                                                  \
-        return handler(HOOK_##sym, HOOK_UNPACK args);                                   \
+        if (!door_engaged())                                                            \
+            return ((door_fn_##sym)real_hook[HOOK_##sym]) args;                         \
+        shim_enter();                                                                   \
+        CUresult r_ = handler(HOOK_##sym, HOOK_UNPACK args);                            \
+        shim_leave();                                                                   \
+        return r_;                                                                      \
     }
 #include "base/hooks.def"
 #undef HOOK
@@ -32,11 +47,6 @@ void *const hook_doors[HOOK_COUNT] = {
 #include "base/hooks.def"
 #undef HOOK
 };
-
-static int lookups_hooked(void)
-{
-    return shim_cfg.mode != MODE_OFF && !shim_forked_child;
-}
 
 /* Which door stands for the driver function `fn` the driver handed out for `symbol`. */
 static void *door_for(const char *symbol, void *fn, int version, cuuint64_t flags)
@@ -58,7 +68,7 @@ CUresult on_get_proc_address(enum hook_id id, const char *symbol, void **pfn, in
                              cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
     CUresult r = ((PFN_cuGetProcAddress_v12000)real_hook[id])(symbol, pfn, version, flags, status);
-    if (r == CUDA_SUCCESS && pfn && *pfn && symbol && lookups_hooked())
+    if (r == CUDA_SUCCESS && pfn && *pfn && symbol)
         *pfn = door_for(symbol, *pfn, version, flags);
     return r;
 }
@@ -67,7 +77,7 @@ CUresult on_get_proc_address_v1(enum hook_id id, const char *symbol, void **pfn,
                                 cuuint64_t flags)
 {
     CUresult r = ((PFN_cuGetProcAddress_v11030)real_hook[id])(symbol, pfn, version, flags);
-    if (r == CUDA_SUCCESS && pfn && *pfn && symbol && lookups_hooked())
+    if (r == CUDA_SUCCESS && pfn && *pfn && symbol)
         *pfn = door_for(symbol, *pfn, version, flags);
     return r;
 }
@@ -80,7 +90,7 @@ SHIM_EXPORT void *dlsym(void *handle, const char *name)
     if (SHIM_UNLIKELY(!libc.dlsym))
         return NULL;
     void *fn = libc.dlsym(handle, name);
-    if (!fn || name[0] != 'c' || name[1] != 'u' || shim_busy || !lookups_hooked())
+    if (!fn || name[0] != 'c' || name[1] != 'u' || !door_engaged())
         return fn;
     int id = hook_find_symbol(name);
     if (id < 0)
