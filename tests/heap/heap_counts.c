@@ -2,9 +2,10 @@
  * tests/check_heap_counts.sh, which compares the two.
  *
  *   heap_counts maps N LO HI   N live blocks of LO..HI bytes (seeded sizes), one byte of each
- *                              touched; prints the process's mappings at the peak, and checks
- *                              that mmap, pthread_create and (on a driver) cuMemHostAlloc still
- *                              work there
+ *                              touched, left from 2N by freeing every other one (so that no
+ *                              allocator can keep them in one run of pages); prints the
+ *                              process's mappings at the peak, and checks that mmap,
+ *                              pthread_create and (on a driver) cuMemHostAlloc still work there
  *   heap_counts loop SIZE PAIRS THREADS
  *                              malloc, touch every page, free, one live block per thread;
  *                              prints the minor page faults of the loop
@@ -54,18 +55,22 @@ static void *thread_ok(void *arg) { return arg; }
 
 static int maps_mode(long n, size_t lo, size_t hi)
 {
-    char **blocks = calloc((size_t)n, sizeof *blocks);
-    if (!blocks)
+    char **blocks = calloc((size_t)n, sizeof *blocks), **gaps = calloc((size_t)n, sizeof *gaps);
+    if (!blocks || !gaps)
         return 2;
     for (long i = 0; i < n; i++) {
         size_t sz = lo + (size_t)(next_rand() % (hi - lo + 1));
+        gaps[i] = malloc(sz);
         blocks[i] = malloc(sz);
-        if (!blocks[i]) {
+        if (!blocks[i] || !gaps[i]) {
             printf("FAIL malloc %ld of %ld failed\n", i, n);
             return 1;
         }
         blocks[i][0] = (char)i;
     }
+    for (long i = 0; i < n; i++)
+        free(gaps[i]);
+    free(gaps);
     long maps = count_mappings();
     int ok = 1;
     void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
