@@ -66,6 +66,17 @@ int os_mprotect(void *p, size_t len, int prot)
     return (int)syscall(SYS_mprotect, p, len, prot);
 }
 
+int os_range_mapped(uintptr_t p, size_t n)
+{
+    if (!n)
+        return 1;
+    uintptr_t start = page_down(p), end = page_up(p + n);
+    if (end <= start)
+        return 0;
+    /* msync walks the mappings, not the pages; MS_ASYNC writes nothing back. ENOMEM: a hole. */
+    return syscall(SYS_msync, (void *)start, end - start, MS_ASYNC) == 0 || errno != ENOMEM;
+}
+
 size_t os_resident_bytes(uintptr_t p, size_t n)
 {
     unsigned char vec[4096];

@@ -20,6 +20,8 @@ void *os_map_shared(size_t len, int fd);
 int os_unmap(void *p, size_t len);
 int os_madvise(void *p, size_t len, int advice);
 int os_mprotect(void *p, size_t len, int prot);
+/* 1 when every page of [p, p+n) is mapped (any protection). */
+int os_range_mapped(uintptr_t p, size_t n);
 /* Bytes of [p, p+n) whose pages are resident (mincore); n when the kernel cannot tell. */
 size_t os_resident_bytes(uintptr_t p, size_t n);
 

@@ -608,14 +608,33 @@ static int device_range_ok(CUdeviceptr dev, size_t extent)
     return dev >= start && dev - start <= size && extent <= size - (dev - start);
 }
 
-/* The request's shape is one staging can move, else the driver should judge it. */
-static int request_ok(const struct stage_req *req, size_t *extent)
+/* The copy threads may touch [p, p+n): memory the shim tracks, or memory the driver does not
+ * call device (or array) memory at either end, and mapped throughout.  Otherwise the original
+ * call runs and the program gets the driver's answer: a device pointer passed as the host side
+ * (a wrong cudaMemcpyKind) is CUDA_ERROR_INVALID_VALUE there, never a fault in a copy thread. */
+static int host_range_ok(uintptr_t p, size_t n)
+{
+    if (registry_host_range(p, n))
+        return 1;
+    uintptr_t ends[2] = { p, p + n - 1 };
+    for (int i = 0; i < 2; i++) {
+        unsigned int type = 0;
+        if (drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)ends[i]) ==
+                CUDA_SUCCESS && type != CU_MEMORYTYPE_HOST)
+            return 0;
+    }
+    return os_range_mapped(p, n);
+}
+
+/* The request's shape is one staging can move, else the driver should judge it.  *extent is the
+ * device side's, *host_extent the host side's. */
+static int request_ok(const struct stage_req *req, size_t *extent, size_t *host_extent)
 {
     if ((req->dir != DIR_H2D && req->dir != DIR_D2H) || !req->host || !req->dev ||
         !req->width || !req->height)
         return 0;
     if (req->height == 1) {
-        *extent = req->width;
+        *extent = *host_extent = req->width;
         return 1;
     }
     /* Overlapping rows are the driver's error to report. */
@@ -626,13 +645,14 @@ static int request_ok(const struct stage_req *req, size_t *extent)
         hi > (SIZE_MAX - req->width) / req->host_pitch)
         return 0;
     *extent = hi * req->dev_pitch + req->width;
+    *host_extent = hi * req->host_pitch + req->width;
     return 1;
 }
 
 int staging_copy(const struct stage_req *req, CUresult *result)
 {
-    size_t extent;
-    if (!request_ok(req, &extent) || !staging_available(req->width * req->height) ||
+    size_t extent, host_extent;
+    if (!request_ok(req, &extent, &host_extent) || !staging_available(req->width * req->height) ||
         capture_active() || !drv.cuPointerGetAttribute)
         return 0;
     uint64_t t0 = shim_now_ns();
@@ -641,7 +661,7 @@ int staging_copy(const struct stage_req *req, CUresult *result)
     struct shim_stream *ss = streams_current();
     if (!ss)
         goto out;
-    if (!device_range_ok(req->dev, extent))
+    if (!device_range_ok(req->dev, extent) || !host_range_ok((uintptr_t)req->host, host_extent))
         goto out;   /* the program's error, not a staging failure */
     if (!(l = lane_acquire(ss->ctx)))
         goto out;   /* busy or failed (counted inside) */
@@ -649,6 +669,17 @@ int staging_copy(const struct stage_req *req, CUresult *result)
     if (streams_order_after(ss, req->stream, req->flavour) != 0) {
         stats_add(STAT_STAGING_FAILURES, 1);
         goto out;
+    }
+    /* A copy larger than the lane's buffers cannot be read whole at the call: later chunks are
+     * read once the DMA of earlier ones is done, which the stream orders after the work queued
+     * before the copy.  Such work (a host function, say) may rewrite the source, and the device
+     * must get either all the bytes of the call or all the rewritten ones, never a mix: so it
+     * is waited for before the first byte is read. */
+    if (req->dir == DIR_H2D && req->width * req->height > (size_t)l->nbuf * l->chunk &&
+        drv.cuEventQuery(ss->order_event) == CUDA_ERROR_NOT_READY) {
+        uint64_t w0 = shim_now_ns();
+        drv.cuEventSynchronize(ss->order_event);
+        stats_add(STAT_ORDERING_WAIT_NS, shim_now_ns() - w0);
     }
     /* Contiguous on both sides: one long row, cut in full chunks. */
     struct stage_req flat = *req;

@@ -885,6 +885,22 @@ int registry_known_host(uintptr_t p)
     return found;
 }
 
+int registry_host_range(uintptr_t p, size_t n)
+{
+    if (registry_program_pinned(p, n))
+        return 1;
+    struct arena_block ab;
+    if (arena_find(p, &ab))
+        return p + n <= ab.base + ab.usable;
+    if (!index_may_contain(p))
+        return 0;
+    pthread_mutex_lock(&mu);
+    struct block *b = index_find(p);
+    int inside = b && p + n <= b->map_base + b->map_len;
+    pthread_mutex_unlock(&mu);
+    return inside;
+}
+
 int registry_may_hold(uintptr_t p)
 {
     return arena_contains(p) || index_may_contain(p);

@@ -41,6 +41,8 @@ void registry_copy_end(struct copy_hold *hold, int async_pending);
 
 /* 1 when p is host memory the shim knows (a tracked block or a program-pinned range). */
 int registry_known_host(uintptr_t p);
+/* 1 when all of [p, p+n) lies in one tracked block or one program-pinned range. */
+int registry_host_range(uintptr_t p, size_t n);
 /* 0 when no block the registry knows can hold p: lock-free, may answer 1 for memory that is not
  * the shim's. */
 int registry_may_hold(uintptr_t p);
