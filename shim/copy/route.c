@@ -186,9 +186,11 @@ static CUresult route(const struct copy_desc *d)
     int capturing = capture_active();
     int acting = shim_cfg.mode >= MODE_PIN && !capturing;
     struct copy_hold held = { NULL };
+    int stageable = acting && d->stageable && staging_available(d->bytes);
     /* Every size is classified: a small copy inside a promoted block must still keep pageable
      * semantics; the cost model does not promote for small copies (their saving is tiny). */
-    unsigned flags = (acting ? COPY_MAY_PROMOTE : 0) | (capturing ? COPY_CAPTURING : 0);
+    unsigned flags = (acting ? COPY_MAY_PROMOTE : 0) | (capturing ? COPY_CAPTURING : 0) |
+                     (stageable ? COPY_STAGEABLE : 0);
     enum mem_kind kind = registry_copy_begin(d->host, d->host_extent, d->dir, flags, &held);
     CUresult r;
     if (!acting) {
@@ -206,10 +208,18 @@ static CUresult route(const struct copy_desc *d)
         }
         if (candidate)
             sync_copy_end();
-    } else if (d->stageable && staging_available(d->bytes) && staging_copy(&d->stage, &r)) {
+    } else if (stageable && staging_copy(&d->stage, &r)) {
         kind = MEM_STAGED;
     } else {
+        if (held.unsettled) {
+            /* Staging declined while the block is being registered: the driver's own path
+             * needs its registration settled either way first. */
+            registry_copy_end(&held, 0);
+            kind = registry_copy_begin(d->host, d->host_extent, d->dir, flags & ~COPY_STAGEABLE, &held);
+        }
         r = d->original(d);
+        if (d->is_async && kind == MEM_PROMOTED && r == CUDA_SUCCESS)
+            keep_pageable_semantics(&held, d->stream, d->flavour);
     }
     registry_copy_end(&held, 0);
     record(d, kind, t0);

@@ -16,17 +16,33 @@ static struct cost_decision decided(enum cost_verdict v, enum cost_reason r, dou
     return (struct cost_decision){ v, r, gain };
 }
 
+/* The path of a copy that registration will not take: staging where it can, else the driver. */
+static struct cost_decision not_registered(const struct cost_inputs *in, enum cost_reason r, double gain)
+{
+    return decided(in->stageable ? COST_STAGE : COST_LEAVE, r, gain);
+}
+
 struct cost_decision cost_decide(const struct cost_inputs *in, const struct cost_rates *rates)
 {
     if (in->block_bytes > in->budget)
-        return decided(COST_LEAVE, COST_LARGER_THAN_BUDGET, 0);
+        return not_registered(in, COST_LARGER_THAN_BUDGET, 0);
     if (!in->writable && (!in->read_only_register || in->dir != DIR_H2D))
-        return decided(COST_LEAVE, COST_READ_ONLY, 0);
+        return not_registered(in, COST_READ_ONLY, 0);
+    if (in->stageable) {
+        /* Staging runs near the link's speed without touching the block's registration, so the
+         * question is only whether the block will be copied again: a block none of whose bytes
+         * has been copied twice (a model's weights, a checkpoint, a fresh batch) is staged;
+         * once more than its size has moved, it is registered off the copy's path (its next
+         * copies staged until then) and every later copy runs at pinned speed. */
+        if (in->copies_seen >= 2 && in->bytes_moved > in->block_bytes)
+            return decided(COST_REGISTER_BACKGROUND, COST_REUSED, 0);
+        return decided(COST_STAGE, COST_ONE_SHOT, 0);
+    }
     double alt = in->dir == DIR_H2D ? rates->h2d_pageable_mbps : rates->d2h_pageable_mbps;
     if (alt <= 0 || rates->pinned_mbps <= 0)
         return decided(COST_LEAVE, COST_NO_RATES, 0);
-    /* bytes / (MB/s) is microseconds.  Measured against the driver's own pageable path:
-     * staging gets closer to pinned speed, but only a registration reaches it. */
+    /* bytes / (MB/s) is microseconds.  Against the driver's own pageable path, the only other
+     * one a copy too small to stage has. */
     double saving_per_copy = (double)in->copy_bytes / alt - (double)in->copy_bytes / rates->pinned_mbps;
     /* A block copied k times so far is expected to be copied about k more times: the saving
      * counts for this copy and the ones expected to follow. */

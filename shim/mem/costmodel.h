@@ -26,20 +26,26 @@ struct cost_inputs {
     size_t resident_bytes;          /* of block_bytes, or COST_RESIDENT_UNKNOWN */
     uint64_t copies_seen;           /* copies of the block so far, this one included */
     uint64_t budget;                /* the most bytes the shim may hold registered */
+    uint64_t bytes_moved;           /* by all its copies so far, this one included */
     int writable;                   /* the block's pages are writable */
     int read_only_register;         /* the device can register read-only memory */
+    int stageable;                  /* the staging pipeline can take this copy now */
 };
 
 enum cost_verdict {
-    COST_LEAVE,                     /* keep it pageable for this copy */
+    COST_LEAVE,                     /* the driver's own pageable path for this copy */
+    COST_STAGE,                     /* the staging pipeline for this copy; no registration */
+    COST_REGISTER_BACKGROUND,       /* stage this copy; register the block off the copy's path */
     COST_REGISTER,                  /* register it now, then copy */
-    COST_NEED_RESIDENCY,            /* worth it if its pages are resident: ask again knowing */
+    COST_NEED_RESIDENCY,            /* worth registering if its pages are resident: ask again knowing */
 };
 
 /* Why, for the statistics and the log. */
 #define COST_REASONS(X)                                                                   \
     X(GAIN, "registering pays for itself over the copies expected")                        \
     X(GAIN_TOO_SMALL, "the expected saving does not pay for registering")                   \
+    X(ONE_SHOT, "no byte of the block copied twice yet: staged, not registered")            \
+    X(REUSED, "bytes of the block copied again: registered in the background")              \
     X(LARGER_THAN_BUDGET, "the block is larger than the budget")                            \
     X(READ_ONLY, "read-only pages, and the device cannot register them for this direction") \
     X(NO_RATES, "no rates to judge by")

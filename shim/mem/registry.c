@@ -14,7 +14,9 @@
  * sorted by mapping start (copies are rare next to allocations: a binary search is enough). */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mman.h>
 #include <cudaTypedefs.h>
 #include "base/config.h"
@@ -58,6 +60,7 @@ struct block {
     uint64_t bytes_moved;
     uint64_t last_use_ns;
     unsigned inflight;        /* copies holding its registration now */
+    unsigned pageable_users;  /* copies using it as pageable while it is queued for registration */
     int async_pending;        /* trusted async copies may still read or write it */
     int no_promote;           /* registration failed for a reason that will not change */
     int changing;             /* its registration is being made or removed outside mu */
@@ -65,6 +68,12 @@ struct block {
                                * after an unregister would DMA into unpinned memory, so it is
                                * never evicted while the program owns it */
     int dead;                 /* its memory is gone; the last copy_end deletes the record */
+    int bg_queued;            /* waiting for, or in, a background registration (holds inflight) */
+    int bg_registering;       /* `changing` is that registration: copies may stage meanwhile */
+    int freed_pending;        /* freed by the program during it: its end decides the memory's fate */
+    int bg_cancel;            /* its pages were discarded or given to the program's own
+                               * registration while it waited: the registrar skips it */
+    CUcontext bg_ctx;         /* the context to register it in */
     struct block *lru_prev, *lru_next;     /* cached: all, least recently freed last;
                                             * promoted: all promoted blocks */
     struct block *fit_prev, *fit_next;     /* cached: by arena class (huge: one list) */
@@ -283,7 +292,7 @@ static void forget(struct block *b, int block_freed)
     } else {
         index_remove(b);
     }
-    if (b->inflight) {
+    if (b->inflight || b->pageable_users) {
         b->dead = 1;   /* a copy still holds it: registry_copy_end deletes it */
         b->slot = NULL;
         return;
@@ -678,8 +687,11 @@ void registry_unreserve(size_t bytes)
 }
 
 /* Register b (all its pages) under the budget, evicting colder registrations first, in the
- * current context.  mu not held; the caller holds b->inflight.  1 when b is promoted. */
-static int promote(struct block *b)
+ * current context.  mu not held; the caller holds b->inflight.  1 when b is promoted.
+ * background: copies of b meanwhile may take the pageable path without waiting. */
+#define PROMOTE_RETRY (-1)   /* background: a copy uses the block as pageable; try again later */
+
+static int promote(struct block *b, int background)
 {
     if (!real_hook[HOOK_cuMemHostRegister_v2] || !registry_promotion_enabled())
         return 0;
@@ -703,22 +715,28 @@ static int promote(struct block *b)
         if (!(prot & PROT_WRITE))
             flags |= CU_MEMHOSTREGISTER_READ_ONLY;
         pthread_mutex_lock(&mu);
-        if (b->changing || b->state != BLOCK_PAGEABLE || b->dead || b->no_promote) {
-            /* The program's own unregister holds it, or it changed while room was made. */
+        if (b->changing || b->state != BLOCK_PAGEABLE || b->dead || b->no_promote || b->pageable_users ||
+            (background && b->bg_cancel)) {
+            /* The program's own unregister holds it, it changed while room was made, or a copy
+             * is using it as pageable memory. */
+            int retry = background && b->pageable_users && !b->dead && !b->changing &&
+                        b->state == BLOCK_PAGEABLE && !b->no_promote && !b->bg_cancel;
             pthread_mutex_unlock(&mu);
             nodebudget_release(len);
             pthread_mutex_unlock(&change_mu);
-            return 0;
+            return retry ? PROMOTE_RETRY : 0;
         }
         b->changing = 1;
+        b->bg_registering = background;
         pthread_mutex_unlock(&mu);
         uint64_t t0 = shim_now_ns();
-        nvtx_push("pinshim promote");
+        nvtx_push(background ? "pinshim promote (background)" : "pinshim promote");
         CUresult r = register_range(base, len, flags);
         nvtx_pop();
         stats_add(STAT_REGISTER_NS, shim_now_ns() - t0);
         pthread_mutex_lock(&mu);
         b->changing = 0;
+        b->bg_registering = 0;
         if (r == CUDA_SUCCESS) {
             b->state = BLOCK_PROMOTED;
             b->reg_ctx = ctx;
@@ -762,6 +780,155 @@ static void let_go(struct block *b)
     pthread_cond_broadcast(&settled);
 }
 
+/* ---------------------------------------------------------------- background registration
+ * One thread registers blocks that proved reused, so that no copy waits for a registration
+ * (45 ms/GiB of resident pages, 8 times that for untouched ones): their copies are staged until
+ * it is done.  A queued block holds `inflight` (its record stays, eviction leaves it alone); a
+ * free while it is being registered leaves the memory to the registrar, which caches it if the
+ * registration took and gives it back otherwise. */
+
+#define BG_QUEUE 64
+
+static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t bg_cv = PTHREAD_COND_INITIALIZER;
+static struct block *bg_queue[BG_QUEUE];
+static unsigned bg_head, bg_tail;   /* guarded by mu (the records) and bg_mu (the wake-up) */
+static int bg_started, bg_stop, bg_busy;
+static pthread_t bg_thread;
+
+static void hold_release(struct block *b)
+{
+    b->inflight--;
+    if (b->dead && !b->inflight && !b->pageable_users)
+        record_delete(b);
+}
+
+static void pageable_release(struct block *b)
+{
+    b->pageable_users--;
+    if (b->dead && !b->inflight && !b->pageable_users)
+        record_delete(b);
+}
+
+/* The registration of b has ended (mu held): the program's free during it is carried out now. */
+static void bg_finish(struct block *b)
+{
+    b->bg_queued = 0;
+    b->bg_cancel = 0;
+    if (b->freed_pending) {
+        b->freed_pending = 0;
+        if (b->state == BLOCK_PROMOTED) {
+            cache_put(b);
+        } else {
+            uintptr_t map = b->origin == ORIGIN_HUGE ? b->map_base : 0;
+            size_t len = b->map_len;
+            forget(b, 1);
+            if (map)
+                os_unmap((void *)map, len);   /* a huge block's mapping: nobody else has it */
+        }
+    }
+    hold_release(b);
+}
+
+static void *bg_main(void *arg)
+{
+    shim_enter();   /* this thread's allocations and driver calls are the shim's own; never left */
+    pthread_mutex_lock(&bg_mu);
+    for (;;) {
+        while (!bg_stop && __atomic_load_n(&bg_head, __ATOMIC_ACQUIRE) == __atomic_load_n(&bg_tail, __ATOMIC_ACQUIRE))
+            pthread_cond_wait(&bg_cv, &bg_mu);
+        if (bg_stop)
+            break;
+        bg_busy = 1;
+        pthread_mutex_unlock(&bg_mu);
+        pthread_mutex_lock(&mu);
+        struct block *b = bg_queue[bg_head % BG_QUEUE];
+        __atomic_store_n(&bg_head, bg_head + 1, __ATOMIC_RELEASE);
+        int skip = b->dead || b->state != BLOCK_PAGEABLE || b->bg_cancel;
+        CUcontext ctx = b->bg_ctx;
+        pthread_mutex_unlock(&mu);
+        if (!skip && drv.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+            /* Copies using it as pageable end within milliseconds; a block copied without
+             * pause for a second is left pageable (its copies keep being staged). */
+            for (int tries = 0; promote(b, 1) == PROMOTE_RETRY && tries < 10000 && !bg_stop; tries++)
+                usleep(100);
+            CUcontext popped;
+            drv.cuCtxPopCurrent_v2(&popped);
+        }
+        pthread_mutex_lock(&mu);
+        bg_finish(b);
+        pthread_mutex_unlock(&mu);
+        pthread_mutex_lock(&bg_mu);
+        bg_busy = 0;
+        pthread_cond_broadcast(&bg_cv);
+    }
+    pthread_mutex_unlock(&bg_mu);
+    return arg;
+}
+
+static void bg_start(void)
+{
+    pthread_mutex_lock(&bg_mu);
+    if (!bg_started && !bg_stop) {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        /* The program's signal handlers must never run on the shim's threads. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        if (pthread_create(&bg_thread, &attr, bg_main, NULL) == 0) {
+            pthread_setname_np(bg_thread, "pinshim-register");
+            bg_started = 1;
+        } else {
+            bg_started = -1;   /* registrations then happen on the copy's path */
+        }
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
+    }
+    pthread_mutex_unlock(&bg_mu);
+}
+
+/* Queue b for registration in the current context (mu held); 0 when it cannot be queued. */
+static int bg_enqueue(struct block *b)
+{
+    if (b->bg_queued)
+        return 1;
+    if (__atomic_load_n(&bg_started, __ATOMIC_ACQUIRE) <= 0) {
+        if (bg_started < 0 || bg_stop)
+            return 0;
+        pthread_mutex_unlock(&mu);
+        bg_start();
+        pthread_mutex_lock(&mu);
+        if (bg_started <= 0 || b->dead || b->bg_queued || b->state != BLOCK_PAGEABLE)
+            return bg_started > 0 && b->bg_queued;
+    }
+    CUcontext ctx = NULL;
+    if (bg_tail - bg_head == BG_QUEUE || drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return 0;
+    b->bg_queued = 1;
+    b->bg_ctx = ctx;
+    b->inflight++;
+    bg_queue[bg_tail % BG_QUEUE] = b;
+    __atomic_store_n(&bg_tail, bg_tail + 1, __ATOMIC_RELEASE);
+    stats_add(STAT_BACKGROUND_REGISTRATIONS, 1);
+    pthread_mutex_lock(&bg_mu);
+    pthread_cond_signal(&bg_cv);
+    pthread_mutex_unlock(&bg_mu);
+    return 1;
+}
+
+void registry_shutdown(void)
+{
+    pthread_mutex_lock(&bg_mu);
+    bg_stop = 1;
+    pthread_cond_broadcast(&bg_cv);
+    int started = bg_started > 0;
+    pthread_mutex_unlock(&bg_mu);
+    if (started && !shim_forked_child)
+        pthread_join(bg_thread, NULL);
+}
+
 /* ---------------------------------------------------------------- the copy path */
 
 static struct cost_rates current_rates(void)
@@ -775,51 +942,65 @@ static struct cost_rates current_rates(void)
     };
 }
 
-/* A copy of n bytes in direction dir touches pageable block b: should it be registered now?
+/* A copy of n bytes in direction dir touches pageable block b: what the cost model says.
  * mu held. */
-static int worth_promoting(struct block *b, enum copy_dir dir, size_t n)
+static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, int stageable)
 {
-    if (b->no_promote || b->changing || b->state != BLOCK_PAGEABLE)
-        return 0;
+    if (b->no_promote || b->changing || b->state != BLOCK_PAGEABLE || b->bg_queued)
+        return stageable ? COST_STAGE : COST_LEAVE;
     /* Promotion switched off for good: no cost model and no mincore on every copy. */
     if (__atomic_load_n(&promotion_state, __ATOMIC_ACQUIRE) < 0)
-        return 0;
+        return stageable ? COST_STAGE : COST_LEAVE;
     struct cost_rates rates = current_rates();
     struct cost_inputs in = {
         .dir = dir, .copy_bytes = n, .block_bytes = b->map_len,
         .resident_bytes = COST_RESIDENT_UNKNOWN, .copies_seen = b->copies,
-        .budget = shim_cfg.budget, .writable = (b->prot & PROT_WRITE) != 0,
-        .read_only_register = read_only_supported,
+        .budget = shim_cfg.budget, .bytes_moved = b->bytes_moved,
+        .writable = (b->prot & PROT_WRITE) != 0, .read_only_register = read_only_supported,
+        .stageable = stageable,
     };
     struct cost_decision d = cost_decide(&in, &rates);
     if (d.verdict == COST_NEED_RESIDENCY) {
         in.resident_bytes = os_resident_bytes(b->map_base, b->map_len);
         d = cost_decide(&in, &rates);
     }
-    if (d.verdict != COST_REGISTER && n >= shim_cfg.min_size)
+    if ((d.verdict == COST_LEAVE || d.verdict == COST_STAGE) && n >= shim_cfg.min_size)
         stats_add(STAT_PROMOTIONS_DECLINED, 1);
-    return d.verdict == COST_REGISTER;
-}
-
-static void hold_release(struct block *b)
-{
-    b->inflight--;
-    if (b->dead && !b->inflight)
-        record_delete(b);
+    if (d.verdict == COST_STAGE && d.reason == COST_ONE_SHOT)
+        stats_add(STAT_STAGED_ONE_SHOT, 1);
+    return d.verdict;
 }
 
 enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsigned flags,
                                   struct copy_hold *hold)
 {
     hold->b = NULL;
+    hold->pageable = NULL;
+    hold->unsettled = 0;
     if (registry_program_pinned(p, n))
         return MEM_PINNED;
     if (!arena_contains(p) && !index_may_contain(p))
         return MEM_PAGEABLE;
     pthread_mutex_lock(&mu);
     /* A block whose registration is being made or removed: until that is done the driver may
-     * see it pinned while the records say pageable, so neither path is right yet. */
-    struct block *b = lookup_settled(p, (flags & COPY_MAY_PROMOTE) != 0);
+     * see it pinned while the records say pageable, so the driver's own path is not right yet:
+     * wait, unless the copy can be staged (right either way) and the change is a background
+     * registration, which may take long. */
+    int make = (flags & COPY_MAY_PROMOTE) != 0;
+    struct block *b = lookup(p, make);
+    while (b && b->changing) {
+        if (b->bg_registering && (flags & COPY_STAGEABLE)) {
+            b->copies++;
+            b->bytes_moved += n;
+            b->last_use_ns = shim_now_ns();
+            pthread_mutex_unlock(&mu);
+            stats_add(STAT_STAGED_WHILE_REGISTERING, 1);
+            hold->unsettled = 1;
+            return MEM_PAGEABLE;
+        }
+        wait_settled(b);
+        b = lookup(p, make);
+    }
     if (!b || b->state == BLOCK_CACHED || b->dead || p + n > b->map_base + b->map_len) {
         pthread_mutex_unlock(&mu);
         return MEM_PAGEABLE;
@@ -841,13 +1022,25 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
         hold->b = b;
         return MEM_PROMOTED;
     }
-    if (!(flags & COPY_MAY_PROMOTE) || !worth_promoting(b, dir, n)) {
+    enum cost_verdict v = COST_LEAVE;
+    if (flags & COPY_MAY_PROMOTE) {
+        v = decide(b, dir, n, (flags & COPY_STAGEABLE) != 0);
+        if (v == COST_REGISTER_BACKGROUND && !bg_enqueue(b))
+            v = COST_REGISTER;   /* no background thread: register on the copy's path */
+    }
+    if (v != COST_REGISTER) {
+        /* The call may take the driver's own path: no registration of the block may complete
+         * while it runs, or the driver could find the memory pinned halfway (an async call
+         * would return before reading it; a sync one would rely on a registration the shim may
+         * evict under it), and another thread's copy can queue one any moment. */
+        b->pageable_users++;
+        hold->pageable = b;
         pthread_mutex_unlock(&mu);
         return MEM_PAGEABLE;
     }
     b->inflight++;
     pthread_mutex_unlock(&mu);
-    if (promote(b)) {
+    if (promote(b, 0)) {
         hold->b = b;
         return MEM_PROMOTED;
     }
@@ -859,15 +1052,19 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
 
 void registry_copy_end(struct copy_hold *hold, int async_pending)
 {
-    struct block *b = hold->b;
-    if (!b)
+    struct block *b = hold->b, *pb = hold->pageable;
+    if (!b && !pb)
         return;
     pthread_mutex_lock(&mu);
-    if (async_pending)
-        b->async_pending = 1;
-    hold_release(b);
+    if (b) {
+        if (async_pending)
+            b->async_pending = 1;
+        hold_release(b);
+    }
+    if (pb)
+        pageable_release(pb);
     pthread_mutex_unlock(&mu);
-    hold->b = NULL;
+    hold->b = hold->pageable = NULL;
 }
 
 int registry_known_host(uintptr_t p)
@@ -965,9 +1162,15 @@ enum registry_free_result registry_free(uintptr_t p, struct arena_slot *slot, ui
     pthread_mutex_lock(&mu);
     struct block *b = slot ? (__atomic_load_n(&slot->state, __ATOMIC_ACQUIRE) == SLOT_TRACKED ? slot->rec : NULL)
                            : huge_at(p);
-    if (!b || b->state == BLOCK_CACHED || b->dead) {
+    if (!b || b->state == BLOCK_CACHED || b->dead || b->freed_pending) {
         pthread_mutex_unlock(&mu);
         return REG_FREE_NOT_MINE;
+    }
+    if (b->changing && b->bg_registering) {
+        /* Being registered in the background: its end decides (bg_finish). */
+        b->freed_pending = 1;
+        pthread_mutex_unlock(&mu);
+        return REG_FREE_DONE;
     }
     /* free() never calls the driver: it may run where CUDA calls are not allowed (inside a host
      * callback), and an unregister would stall until the device is idle. */
@@ -1059,8 +1262,10 @@ struct range_walk {
 static void collect_arena(struct arena_slot *s, void *arg)
 {
     struct range_walk *w = arg;
-    if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SLOT_TRACKED ||
-        ((struct block *)s->rec)->state == BLOCK_PAGEABLE)
+    if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != SLOT_TRACKED)
+        return;
+    struct block *b = s->rec;
+    if (b->state == BLOCK_PAGEABLE && !b->changing && !(b->bg_queued && !b->bg_cancel))
         return;
     if (w->n == RANGE_BATCH) {
         w->more = 1;
@@ -1085,7 +1290,8 @@ static void collect_range(uintptr_t p, size_t n, int drop, struct range_walk *w)
             struct block *b = index_[i];
             if (b->map_base >= end)
                 break;
-            if (b->map_base + b->map_len <= p || (!drop && b->state == BLOCK_PAGEABLE))
+            if (b->map_base + b->map_len <= p ||
+                (!drop && b->state == BLOCK_PAGEABLE && !b->changing && !(b->bg_queued && !b->bg_cancel)))
                 continue;
             if (w->n == RANGE_BATCH) {
                 w->more = 1;
@@ -1123,6 +1329,10 @@ int registry_release_range(uintptr_t p, size_t n, int drop)
         for (size_t i = 0; i < w.n; i++) {
             struct block *b = w.found[i];
             int was_cached = b->state == BLOCK_CACHED;
+            if (b->bg_queued)
+                b->bg_cancel = 1;   /* waiting for the registrar: it must not register these pages */
+            if (!drop && b->state == BLOCK_PAGEABLE)
+                continue;
             if (b->state != BLOCK_PAGEABLE)
                 todo[ntodo++] = take_registration(b);
             if (was_cached) {
@@ -1321,6 +1531,7 @@ void registry_after_fork_child(void)
     for (struct block *b = all_records; b; b = b->all_next) {
         b->changing = 0;
         b->inflight = 0;
+        b->pageable_users = 0;
         b->async_pending = 0;
         b->lru_prev = b->lru_next = b->fit_prev = b->fit_next = NULL;
         if (b->state == BLOCK_CACHED)
@@ -1331,6 +1542,18 @@ void registry_after_fork_child(void)
     }
     promoted_head = cache_head = cache_tail = NULL;
     memset(cache_fit, 0, sizeof cache_fit);
+    /* The registrar does not exist here: nothing queued will be registered. */
+    for (struct block *b = all_records; b; b = b->all_next) {
+        b->bg_queued = b->bg_registering = 0;
+        if (b->freed_pending)
+            b->dead = 1;
+        b->freed_pending = 0;
+    }
+    pthread_mutex_init(&bg_mu, NULL);
+    pthread_cond_init(&bg_cv, NULL);
+    bg_head = bg_tail = 0;
+    bg_started = 0;
+    bg_busy = 0;
     cache_count = 0;
     registered_bytes = 0;
 }

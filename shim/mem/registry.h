@@ -23,11 +23,19 @@
 enum copy_flags {
     COPY_MAY_PROMOTE = 1,   /* the copy may register its block (mode pin or full, no capture) */
     COPY_CAPTURING = 2,     /* a stream capture is recording this copy */
+    COPY_STAGEABLE = 4,     /* the staging pipeline would take this copy if it stays pageable */
 };
 
 /* Held from copy_begin to copy_end: a promoted block's registration stays while held. */
 struct copy_hold {
     struct block *b;
+    /* A block the copy uses as pageable memory: no registration of it starts until the copy
+     * is done, or the driver could find the memory pinned halfway through the call. */
+    struct block *pageable;
+    /* MEM_PAGEABLE only because the block's registration is being made in the background: the
+     * driver may see it pinned any moment, so only staging is right for this copy (if staging
+     * declines, ask again without COPY_STAGEABLE: that waits for the registration). */
+    int unsettled;
 };
 
 /* What the host range [p, p+n) of a copy in direction dir is: MEM_PINNED (the program's own),
@@ -98,6 +106,9 @@ void registry_program_allocated(uintptr_t p, size_t n);
 void registry_program_freed(uintptr_t p);
 
 /* ---- the shim's own registrations (staging buffers) ---- */
+
+/* Stop the background registration thread (exit): a registration in progress finishes first. */
+void registry_shutdown(void);
 
 /* Take bytes of the budget (evicting colder registrations if needed); 1 on success. */
 int registry_reserve(size_t bytes);

@@ -43,7 +43,10 @@ enum mem_kind {
     X(BATCH_COPIES, "batch_copies")                         \
     X(PEER_COPIES, "peer_copies")                           \
     X(FORK_CHILD_FREES, "fork_child_frees")                 \
-    X(UNTRACKED_LOOKUPS, "untracked_lookups")
+    X(UNTRACKED_LOOKUPS, "untracked_lookups")              \
+    X(STAGED_ONE_SHOT, "staged_one_shot")                   \
+    X(BACKGROUND_REGISTRATIONS, "background_registrations") \
+    X(STAGED_WHILE_REGISTERING, "staged_while_registering")
 
 enum stats_counter {
 #define STATS_ENUM_(name, key) STAT_##name,

@@ -69,6 +69,7 @@ __attribute__((destructor)) static void pinshim_stop(void)
     if (shim_cfg.mode == MODE_OFF || shim_forked_child || !real_driver_ready())
         return;
     shim_enter();
+    registry_shutdown();
     staging_shutdown();
     stats_finish();
     shim_leave();

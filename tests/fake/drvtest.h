@@ -63,6 +63,7 @@ static inline int drvtest_promotes(void)
 
 /* ---- settings as the program sees them (helpers for mode-aware expectations) ---- */
 #include <stdint.h>
+#include <time.h>
 
 /* A size setting from the environment: base 10 with an optional K/M/G/T suffix (x1024).
  * Returns dflt when unset or empty, SIZE_MAX when it is a percentage or unreadable. */
@@ -120,6 +121,21 @@ static inline int drvtest_trust_async(void)
 static inline int drvtest_expect_promotion(size_t n)
 {
     return drvtest_promotes() && !getenv("PINSHIM_BUDGET") && n >= drvtest_min_size();
+}
+
+/* A block that proved reused is registered off the copy's path (its copies are staged until
+ * then): where the shim is expected to promote [p, p+n), wait until the driver sees it
+ * registered, for up to two seconds.  Returns whether it is. */
+int fakecuda_registered(const void *p, size_t n);
+static inline int drvtest_wait_registered(const void *p, size_t n)
+{
+    if (!drvtest_expect_promotion(n))
+        return fakecuda_registered(p, n);
+    for (int i = 0; i < 2000 && !fakecuda_registered(p, n); i++) {
+        struct timespec ms = { 0, 1000000 };
+        nanosleep(&ms, NULL);
+    }
+    return fakecuda_registered(p, n);
 }
 
 #endif

@@ -152,6 +152,7 @@ int main(void)
     fill_pattern(hot, n, 1);
     for (int i = 0; i < 4; i++)
         CU(cuMemcpyHtoD(dev_a, hot, n));
+    drvtest_wait_registered(hot, n);
     printf("info: hot registered=%d\n", fakecuda_registered(hot, n));
     if (drvtest_expect_promotion(n))
         CHECKF(fakecuda_registered(hot, n), "the hot buffer is promoted before the captures");

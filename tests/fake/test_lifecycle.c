@@ -58,6 +58,7 @@ static void promote(void *p, size_t len)
 {
     for (int i = 0; i < 4; i++)
         HTOD(dev, p, len);
+    drvtest_wait_registered(p, len);
 }
 
 /* p's content `seed` goes to the device and back (pinned read-back and into p itself). */

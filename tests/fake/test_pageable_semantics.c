@@ -50,6 +50,7 @@ static void make_hot_h2d(unsigned char *p)
         CU(cuMemcpyHtoD(dev, p, n));
         h2d++;
     }
+    drvtest_wait_registered(p, n);
 }
 
 static void make_hot_d2h(unsigned char *p)
@@ -59,6 +60,7 @@ static void make_hot_d2h(unsigned char *p)
         CU(cuMemcpyDtoH(p, dev, n));
         d2h++;
     }
+    drvtest_wait_registered(p, n);
 }
 
 /* Queue LATE_US of device work on s ahead of the next copy (ptsz: s as a per-thread handle). */

@@ -35,6 +35,7 @@ static void promote(void *p, size_t len)
 {
     for (int i = 0; i < 4; i++)
         CU(cuMemcpyHtoD(dev, p, len));
+    drvtest_wait_registered(p, len);
 }
 
 static int roundtrip(unsigned char *p, size_t len, unsigned seed)

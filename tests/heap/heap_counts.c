@@ -8,7 +8,9 @@
  *                              pthread_create and (on a driver) cuMemHostAlloc still work there
  *   heap_counts loop SIZE PAIRS THREADS
  *                              malloc, touch every page, free, one live block per thread;
- *                              prints the minor page faults of the loop
+ *                              prints the minor page faults of the loop (with more than one
+ *                              thread: after every thread's first pair, whose fresh pages
+ *                              fault with any allocator)
  *   heap_counts set SIZE LIVE OPS
  *                              a working set of LIVE blocks of SIZE..2*SIZE, ops random
  *                              replacements (every page of a new block touched); faults */
@@ -123,10 +125,16 @@ static int maps_mode(long n, size_t lo, size_t hi)
 
 static size_t loop_size;
 static long loop_pairs;
+static pthread_barrier_t warmed, counting;
+static int loop_threads;
 
 static void *loop_thread(void *arg)
 {
     for (long i = 0; i < loop_pairs; i++) {
+        if (i == 1 && loop_threads > 1) {
+            pthread_barrier_wait(&warmed);     /* every thread has its first block */
+            pthread_barrier_wait(&counting);   /* the count starts */
+        }
         volatile char *p = malloc(loop_size);
         if (!p)
             return (void *)1;
@@ -144,10 +152,18 @@ static int loop_mode(size_t size, long pairs, int threads)
     pthread_t t[64];
     if (threads > 64)
         threads = 64;
+    loop_threads = threads;
     long f0 = minor_faults();
     int ok = 1;
+    pthread_barrier_init(&warmed, NULL, (unsigned)threads + 1);
+    pthread_barrier_init(&counting, NULL, (unsigned)threads + 1);
     for (int i = 0; i < threads; i++)
         pthread_create(&t[i], NULL, loop_thread, NULL);
+    if (threads > 1 && pairs > 1) {
+        pthread_barrier_wait(&warmed);
+        f0 = minor_faults();
+        pthread_barrier_wait(&counting);
+    }
     for (int i = 0; i < threads; i++) {
         void *r;
         pthread_join(t[i], &r);
