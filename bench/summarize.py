@@ -868,8 +868,9 @@ def main(argv):
         body.append(table(["size", "dir", "malloc, without shim", "malloc, with shim",
                            "cudaMallocHost, without shim", "shim / pinned", "first copy with shim (us)"], rows))
         body.append("")
-        checks.add(f"Fresh malloc buffer, {d.first('fresh_pageable', 'copies', '?')} sync copies "
-                   f"({', '.join(fmt_size(n) for n in sizes)}; H2D, D2H): shim vs cudaMallocHost, worst",
+        what = (f"{d.first('fresh_pageable', 'copies')} sync copies ({', '.join(fmt_size(n) for n in sizes)}; "
+                "H2D, D2H)" if sizes else "sync copies")
+        checks.add(f"Fresh malloc buffer, {what}: shim vs cudaMallocHost, worst",
                    "-" if worst is None else f"{worst[0]:.1%} ({worst[1]})",
                    f">= {TARGETS['fresh_vs_pinned']:.0%} at each size",
                    None if worst is None else worst[0] >= TARGETS["fresh_vs_pinned"],
@@ -885,7 +886,8 @@ def main(argv):
                           [["median of the timings", f2(a), f2(b), f2(ratio(b, a), "x")],
                            ["the first timing of a process", f2(fa), f2(fb), f2(ratio(fb, fa), "x")]]))
         body.append("")
-        gbps_check(f"Two threads, new {d.size_of('two_fresh')} malloc buffers per copy: aggregate GB/s with shim", b,
+        gbps_check(f"Two threads, new {d.size_of('two_fresh', default='')} malloc buffers per copy: "
+                   "aggregate GB/s with shim".replace("  ", " "), b,
                    TARGETS["two_fresh_gbps"], "two_fresh", f" (without: {f2(a)})")
 
     # ---------------------------------------------------------------- bounce copies
@@ -901,7 +903,8 @@ def main(argv):
             a, b = d.med("bounce", "plain", "gbps", op=op), d.med("bounce", "shim", "gbps", op=op)
             rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
             if target:
-                gbps_check(f"memcpy {d.size_of('bounce')} {what}: GB/s with shim", b, TARGETS[target], "bounce",
+                gbps_check(f"memcpy {d.size_of('bounce', default='')} {what}: GB/s with shim".replace("  ", " "),
+                           b, TARGETS[target], "bounce",
                            f" (without: {f2(a)})")
         body.append(table(["memcpy", "without shim", "with shim", "speedup"], rows))
         body.append("")
