@@ -50,7 +50,7 @@ declare -A EST_FULL=(
     [build]=60 [suite]=300
     [malloc]=60 [heap]=45 [sweep]=70 [loop]=45 [latency]=80 [staging]=15 [train]=60 [drv]=15
     [two]=30 [torch]=90 [cupy]=30 [ab]=15 [model]=110 [safetensors]=60 [dataloader]=110
-    [fresh]=80 [two_fresh]=30 [bounce]=40 [jax]=60
+    [fresh]=80 [two_fresh]=45 [bounce]=60 [jax]=60
 )
 declare -A EST_QUICK=(
     [build]=60 [suite]=300
@@ -130,7 +130,8 @@ done
 {
     echo "commit=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
     echo "host=$(uname -srm), $(nproc) cores"
-    echo "gpu=$(nvidia-smi -L 2>/dev/null | head -n 1 || echo none)"
+    gpu=$(nvidia-smi -L 2>/dev/null | head -n 1)
+    echo "gpu=${gpu:-none}"
     echo "quick=$QUICK budget=${BUDGET}s groups=$GROUPS_ASKED suite=$SUITE"
 } >"$WORK/env.txt"
 
