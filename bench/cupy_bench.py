@@ -2,8 +2,9 @@
 """CuPy transfer benchmark (run plain and under the shim by bench/run_bench.sh).
 
   cupy_bench.py [--size 512M] [--reps 10]
-      cupy.asarray(numpy_array) of a pageable NumPy array (H2D) and .get() of a CuPy array into
-      a fresh NumPy array each time (D2H); median GB/s of each.
+      cupy.asarray(numpy_array) of a pageable NumPy array (H2D), and .get() and cupy.asnumpy()
+      of a CuPy array, each into a fresh NumPy array each time (D2H); median GB/s of each.
+      CuPy copies a NumPy array to the GPU through its own pinned staging buffer.
 
 Prints "RESULT bench=cupy op=... gbps=..." lines.  Exits 77 (skipped) if cupy does not import or
 finds no GPU; 1 if a check fails.
@@ -70,9 +71,11 @@ def main():
         dev.get()
     report("asarray", timed(lambda: cupy.asarray(host)))
     report("get", timed(lambda: dev.get()))
+    report("asnumpy", timed(lambda: cupy.asnumpy(dev)))
     a = cupy.asarray(host)
     b = dev.get()
-    if float(a[elems - 1]) != 3.0 or float(b[elems // 2]) != 5.0:
+    c = cupy.asnumpy(dev)
+    if float(a[elems - 1]) != 3.0 or float(b[elems // 2]) != 5.0 or float(c[elems - 1]) != 5.0:
         print("cupy_bench: MISMATCH", file=sys.stderr)
         return 1
     return 0

@@ -21,7 +21,12 @@
 #                       default the last CPU local to the GPU, so that neither side depends on
 #                       where the scheduler happens to put it; "none" leaves it to the scheduler
 #   BENCH_ONLY=a,b      run only these groups: sweep loop latency staging train drv two torch
-#                       cupy ab malloc
+#                       cupy ab malloc, and model safetensors dataloader fresh two_fresh bounce
+#                       jax heap (docs/benchmarks.md lists what each runs and how long it takes)
+#   BENCH_DL_REPS=5     interleaved repetitions of the DataLoader-with-workers benchmark
+#   BENCH_FRESH_REPS=2  A/B pairs of the fresh-buffer loop (each run is 600 copies and memsets)
+#   BENCH_TMP=dir       where the safetensors benchmark writes its 1.5 GiB file (default
+#                       ${TMPDIR:-/tmp}); the file is removed afterwards
 #   BENCH_QUICK=1       small sizes and few repetitions: a smoke run, not a measurement
 #   BENCH_ARCH=sm_90    nvcc -arch;  NVCC=path to nvcc
 #   BENCH_TIMEOUT=600   seconds per run before it is killed
@@ -49,6 +54,9 @@ ONLY=${BENCH_ONLY:-}
 TIMEOUT=${BENCH_TIMEOUT:-600}
 ARCH=${BENCH_ARCH:-sm_90}
 STAGING_BUDGET=${BENCH_BUDGET_STAGING:-64M}
+DL_REPS=${BENCH_DL_REPS:-5}
+FRESH_REPS=${BENCH_FRESH_REPS:-2}
+BENCH_TMP=${BENCH_TMP:-${TMPDIR:-/tmp}}
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 BIN=$BUILD/bench
 
@@ -60,10 +68,13 @@ if [ "$QUICK" = 1 ]; then
     SWEEP_ARGS="--min 4K --max 64M --factor 4 --reps 3"
     BIG=32M; LOOP_ITERS=5; BATCH=16M; RESULT=4M; STEPS=10; TSIZE=64M; TREPS=3; DL_BATCHES=5
     REPS=1; SWEEP_REPS=1; AB_RUNS=1; LATENCY_REPS=1
+    # The newer benchmarks' own small sizes; two DataLoader repetitions so that both orders run.
+    Q=--quick; DL_WORKER_BATCHES=10; DL_REPS=${BENCH_DL_REPS:-2}; FRESH_REPS=1; ST_SIZE=64M; ST_REPS=1
 else
     SWEEP_ARGS="--min 4K --max 1G --factor 2 --reps 5"
     BIG=256M; LOOP_ITERS=50; BATCH=64M; RESULT=16M; STEPS=50; TSIZE=512M; TREPS=10; DL_BATCHES=30
     AB_RUNS=3; LATENCY_REPS=30
+    Q=; DL_WORKER_BATCHES=200; ST_SIZE=1536M; ST_REPS=3
 fi
 
 SWEEP_ARGS=${BENCH_SWEEP_ARGS:-$SWEEP_ARGS}
@@ -197,13 +208,16 @@ finish() {
 }
 
 # ------------------------------------------------------------------ CPU benchmark (always)
-if want malloc; then
-    log "cpu_malloc_overhead (CPU only)"
+# malloc: every CPU benchmark; heap: only the do-no-harm ones (cpu_heap, cpu_memcpy_overhead).
+if want malloc || want heap; then
+    progs=all
+    want malloc || progs=heap
+    log "run_malloc_bench.sh, programs: $progs (CPU only)"
     if [ -x "$BIN/cpu_malloc_overhead" ]; then
         margs=""
         [ "$QUICK" = 1 ] && margs="--quick"
         mkdir -p "$OUT/malloc"
-        MALLOC_BENCH_ARGS=$margs "$ROOT/bench/run_malloc_bench.sh" "$BUILD" "$OUT/malloc" \
+        MALLOC_BENCH_ARGS=$margs MALLOC_BENCH_PROGS=$progs "$ROOT/bench/run_malloc_bench.sh" "$BUILD" "$OUT/malloc" \
             >"$OUT/malloc/run.txt" 2>&1 || log "  run_malloc_bench.sh failed (see malloc/run.txt)"
         cat "$OUT/malloc/run.txt" >&2
     else
@@ -236,6 +250,9 @@ if [ -x "$NVCC" ]; then
     build_cu gpu_bandwidth gpu_bandwidth_static static
     build_cu gpu_train_loop gpu_train_loop shared
     build_cu gpu_two_threads gpu_two_threads shared
+    if want fresh || want two_fresh || want bounce; then
+        build_cu gpu_host_copies gpu_host_copies shared
+    fi
 else
     log "nvcc not found ($NVCC): the CUDA runtime benchmarks are skipped"
 fi
@@ -307,6 +324,64 @@ fi
 if want cupy; then
     ab cupy "$REPS" -- python3 "$ROOT/bench/cupy_bench.py" --size $TSIZE --reps $TREPS
 fi
+
+# ------------------------------------------------------------------ cold, fresh and bounce copies
+PY_BENCH=$ROOT/bench
+if want model; then
+    ab model "$REPS" -- python3 "$PY_BENCH/model_bench.py" $Q
+fi
+if want safetensors; then
+    st_file=$(mktemp "$BENCH_TMP/pinshim-bench.XXXXXX.safetensors") || st_file=
+    if [ -n "$st_file" ] && python3 "$PY_BENCH/safetensors_bench.py" write --path "$st_file" --size "$ST_SIZE" \
+        >"$RAW/safetensors.write.txt" 2>&1; then
+        log "safetensors: $(tail -n 1 "$RAW/safetensors.write.txt")"
+        ab safetensors "$REPS" -- python3 "$PY_BENCH/safetensors_bench.py" load --path "$st_file" --reps "$ST_REPS"
+    else
+        log "safetensors: could not write the checkpoint in $BENCH_TMP (see raw/safetensors.write.txt)"
+    fi
+    [ -n "$st_file" ] && rm -f "$st_file" "$st_file.part"
+fi
+# DataLoader with 4 workers: pin_memory=True without the shim (side "plain" of case dataloader)
+# against pin_memory=False with it (side "shim"), in pairs, the order swapped every other pair,
+# and pin_memory=False without the shim for reference after each pair.  The figure is noisy:
+# DL_REPS pairs, and the summary shows their spread.
+if want dataloader; then
+    dl=(python3 "$ROOT/bench/torch_bench.py" dataloader --workers 4 --batches "$DL_WORKER_BATCHES")
+    log "dataloader: ${dl[*]} [--pin-memory], $DL_REPS pairs"
+    for ((r = 1; r <= DL_REPS; r++)); do
+        if ((r % 2)); then
+            run_case dataloader plain "$r" -- "${dl[@]}" --pin-memory
+            [ $r = 1 ] && [ "$(tail -n 1 "$MANIFEST" | cut -f4)" = 77 ] && break
+            run_case dataloader shim "$r" -- "${dl[@]}"
+        else
+            run_case dataloader shim "$r" -- "${dl[@]}"
+            run_case dataloader plain "$r" -- "${dl[@]}" --pin-memory
+        fi
+        run_case dataloader_nopin plain "$r" -- "${dl[@]}"
+    done
+fi
+# The host-copy programs: the CUDA runtime build, else the driver-API build that make made.
+host_copies=$BIN/gpu_host_copies
+if [ ! -x "$host_copies" ] && [ -x "$BIN/drv_host_copies" ]; then
+    if want fresh || want two_fresh || want bounce; then
+        log "gpu_host_copies not built: the driver-API build drv_host_copies stands in"
+    fi
+    host_copies=$BIN/drv_host_copies
+fi
+if want fresh && have "$(basename "$host_copies")"; then
+    ab fresh_pageable "$FRESH_REPS" -- "$host_copies" --mode fresh --kind pageable $Q
+    plain_only fresh_pinned "$FRESH_REPS" -- "$host_copies" --mode fresh --kind pinned $Q
+fi
+if want two_fresh && have "$(basename "$host_copies")"; then
+    ab two_fresh "$REPS" -- "$host_copies" --mode two_fresh $Q
+fi
+if want bounce && have "$(basename "$host_copies")"; then
+    ab bounce "$REPS" -- "$host_copies" --mode bounce $Q
+fi
+if want jax; then
+    ab jax "$REPS" -- python3 "$PY_BENCH/jax_bench.py" $Q
+fi
+
 if want ab && have gpu_train_loop; then
     log "pinshim-ab on the alloc-copy-free loop"
     "$ROOT/scripts/pinshim-ab" --lib "$LIB" --a-plain -n $AB_RUNS --warmup 1 --markdown -- \

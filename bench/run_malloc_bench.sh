@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# run_malloc_bench.sh BUILD [OUTDIR]: what the shim's hooks add to malloc/free and to one small
-# copy.
+# run_malloc_bench.sh BUILD [OUTDIR]: what the shim's hooks add to malloc/free, to one small
+# copy and to one small memcpy, and what they do to programs that never copy to a GPU.
 #
-# Runs BUILD/bench/cpu_malloc_overhead and BUILD/bench/cpu_copy_overhead (against the null driver,
-# whose copies return at once) without the shim, then with LD_PRELOAD=BUILD/libpinshim.so in
-# PINSHIM_MODE=observe and full, and prints the median ns per operation of each and the cost the
-# shim adds.  CPU only; no GPU or driver needed.  Asserts nothing about timings: the exit
+# Runs BUILD/bench/cpu_malloc_overhead, BUILD/bench/cpu_copy_overhead (against the null driver,
+# whose copies return at once) and BUILD/bench/cpu_memcpy_overhead without the shim, then with
+# LD_PRELOAD=BUILD/libpinshim.so in PINSHIM_MODE=observe and full, and prints the median ns per
+# operation of each and the cost the shim adds.  Then BUILD/bench/cpu_heap (malloc+touch+free
+# loops at 64 KiB..32 MiB on 1, 4 and 16 threads, and 140,000 live 64-72 KiB blocks) without
+# the shim and in mode full, and a table of the two with the targets (bench/summarize.py
+# --heap).  CPU only; no GPU or driver needed.  Asserts nothing about timings: the exit
 # status is non-zero only if a run fails.  With OUTDIR, the raw output of each run is kept there
-# (malloc.<variant>.txt) with a table malloc_overhead.md.
-# Extra arguments for the benchmark: MALLOC_BENCH_ARGS (e.g. --quick).
+# (malloc.<variant>.txt) with the tables malloc_overhead.md and heap.md.
+# Extra arguments for every program: MALLOC_BENCH_ARGS (e.g. --quick).
+# MALLOC_BENCH_PROGS=heap: only cpu_memcpy_overhead and cpu_heap (the do-no-harm figures).
 set -u
 BUILD=${1:-build}
 OUTDIR=${2:-}
 BIN=$BUILD/bench/cpu_malloc_overhead
 COPY_BIN=$BUILD/bench/cpu_copy_overhead
+MEMCPY_BIN=$BUILD/bench/cpu_memcpy_overhead
+HEAP_BIN=$BUILD/bench/cpu_heap
 LIB=$BUILD/libpinshim.so
 ARGS=${MALLOC_BENCH_ARGS:-}
+HERE=$(cd "$(dirname "$0")" && pwd)
+PROGS=("$BIN" "$COPY_BIN" "$MEMCPY_BIN")
+[ "${MALLOC_BENCH_PROGS:-all}" = heap ] && PROGS=("$MEMCPY_BIN")
 
 if [ ! -x "$BIN" ]; then
     echo "run_malloc_bench: $BIN not built (run make first)" >&2
@@ -37,7 +46,10 @@ rc=0
 for v in $variants; do
     # shellcheck disable=SC2086 # ARGS is a list of words
     r=0
-    for prog in "$BIN" "$COPY_BIN"; do
+    progs=("${PROGS[@]}")
+    # The heap loops take seconds per run: without the shim and in the mode that matters.
+    [ "$v" != observe ] && progs+=("$HEAP_BIN")
+    for prog in "${progs[@]}"; do
         [ -x "$prog" ] || continue
         if [ "$v" = plain ]; then
             env -u LD_PRELOAD "$prog" $ARGS >>"$tmp/$v.txt" 2>>"$tmp/$v.err" || r=$?
@@ -64,7 +76,7 @@ fi
 # shellcheck disable=SC2086
 awk -v variants="$variants" '
     BEGIN { nv = split(variants, V, " ") }
-    /^RESULT bench=(malloc|copy)_overhead/ {
+    /^RESULT bench=(malloc|copy|memcpy)_overhead/ {
         n = split(FILENAME, p, "/"); v = p[n]; sub(/\.txt$/, "", v)
         test = ""; size = ""; med = ""
         for (i = 2; i <= NF; i++) {
@@ -100,7 +112,20 @@ awk -v variants="$variants" '
     }' $files >"$tmp/table.md"
 
 echo "malloc/free and small-copy cost, median ns per operation (pair = one malloc + one free;"
-echo "copy_* = one sync copy against a driver that returns at once):"
+echo "copy_* = one sync copy against a driver that returns at once; memcpy_*/memmove_* = one"
+echo "64-byte call):"
 cat "$tmp/table.md"
 [ -n "$OUTDIR" ] && cp "$tmp/table.md" "$OUTDIR/malloc_overhead.md"
+if grep -q '^RESULT bench=heap' "$tmp/plain.txt" 2>/dev/null; then
+    shim_txt=$tmp/full.txt
+    [ -s "$shim_txt" ] || shim_txt=/dev/null
+    echo
+    if python3 "$HERE/summarize.py" --heap "$tmp/plain.txt" "$shim_txt" >"$tmp/heap.md"; then
+        cat "$tmp/heap.md"
+        [ -n "$OUTDIR" ] && cp "$tmp/heap.md" "$OUTDIR/heap.md"
+    else
+        echo "run_malloc_bench: summarize.py --heap failed" >&2
+        rc=1
+    fi
+fi
 exit $rc

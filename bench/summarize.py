@@ -27,9 +27,25 @@ TARGETS = {
     "loop_vs_pinned": 0.90,       # 256 MiB H2D+D2H x50: pageable + shim / cudaMallocHost
     "alloc_loop_speedup": 3.0,    # alloc-copy-free loop: steps/s with shim / without
     "two_thread_gbps": 90.0,      # two threads, opposite directions, aggregate GB/s with shim
-    "staging_gbps": 25.0,         # 256 MiB pageable each way through staging, GB/s
+    "staging_gbps": 45.0,         # 256 MiB pageable each way through staging, GB/s
     "latency_ratio_max": 1.03,    # small sync copies: latency with shim / without
     "torch_vs_pin_memory": 1.0,   # DataLoader without pin_memory under shim / pin_memory=True
+    "dataloader_vs_pin_memory": 1.0,  # the same with 4 workers (median of the pair ratios)
+    "model_up_gbps": 35.0,        # GPT-2-medium-sized model.to("cuda"), GB/s with shim
+    "model_down_gbps": 30.0,      # its state_dict() copied to the CPU, GB/s with shim
+    "safetensors_speedup": 2.0,   # safetensors load onto the GPU: with shim / without
+    "safetensors_gbps": 25.0,     # ... and GB/s with shim
+    "fresh_vs_pinned": 0.90,      # fresh malloc buffer, 100 sync copies: shim / cudaMallocHost
+    "two_fresh_gbps": 95.0,       # two threads, new 256 MiB malloc buffers per copy, aggregate
+    "jax_put_gbps": 20.0,         # jax.device_put of 512 MiB, GB/s with shim
+    "jax_get_gbps": 10.0,         # np.asarray(jax_array) of 512 MiB, GB/s with shim
+    "cupy_asarray_gbps": 20.0,    # cupy.asarray of 512 MiB, GB/s with shim
+    "bounce_pinned_gbps": 30.0,   # CPU memcpy of 512 MiB into cudaMallocHost memory
+    "bounce_fresh_gbps": 15.0,    # ... from pinned memory into never-touched memory
+    "memcpy_added_ns": 1.0,       # one 64-byte memcpy/memmove: ns added by the shim
+    "heap_time_ratio": 1.2,       # malloc+touch+free loops: ns with shim / glibc, every cell
+    "heap_fault_ratio": 2.0,      # ... page faults with shim / glibc (or +1 per pair below 1)
+    "heap_maps_added": 300,       # 140,000 live 64-72 KiB blocks: mappings beyond glibc's
 }
 
 
@@ -358,9 +374,127 @@ def shim_effect_rows(d, merge):
     return rows
 
 
+# ---------------------------------------------------------------- CPU: heap and small memcpy
+HEAP_TESTS = (("churn", "one live block per thread"),
+              ("working_set", "up to 256 live blocks per thread, random replacement"))
+
+
+def heap_by_key(records):
+    """{(test, size, threads): record} of bench=heap churn/working_set records."""
+    return {(r["test"], r["size"], r["threads"]): r for r in records
+            if r.get("bench") == "heap" and r.get("test") in dict(HEAP_TESTS)}
+
+
+def fault_allowance(plain):
+    """Faults per pair the shim may take where glibc takes `plain`: twice as many, or one more
+    per pair where glibc takes less than one (a ratio of near-zero counts says nothing)."""
+    return max(TARGETS["heap_fault_ratio"] * plain, plain + 1.0)
+
+
+def heap_report(plain_recs, shim_recs, checks):
+    """Markdown lines of the heap tables; adds the heap and memcpy targets to checks."""
+    out = []
+    a, b = heap_by_key(plain_recs), heap_by_key(shim_recs)
+    threads = sorted({k[2] for k in a})
+    for test, what in HEAP_TESTS:
+        sizes = sorted({k[1] for k in a if k[0] == test})
+        if not sizes:
+            continue
+        out.append(f"malloc + touch every page + free, {what}: ns per pair per thread "
+                   "(glibc / with shim = ratio) and page faults per pair (glibc / with shim)")
+        out.append("")
+        hdr = ["size"]
+        for t in threads:
+            hdr += [f"{t} thread{'s' if t > 1 else ''}: ns", "faults"]
+        rows, worst_t, worst_f, bad_f, cells = [], None, None, 0, 0
+        for n in sizes:
+            row = [fmt_size(n)]
+            for t in threads:
+                pa, pb = a.get((test, n, t)), b.get((test, n, t))
+                if pa is None:
+                    row += ["-", "-"]
+                    continue
+                if pb is None:
+                    row += [f"{pa['ns_per_pair']:.0f} / -", f"{pa['faults_per_pair']:.2f} / -"]
+                    continue
+                x = ratio(pb["ns_per_pair"], pa["ns_per_pair"])
+                row += [f"{pa['ns_per_pair']:.0f} / {pb['ns_per_pair']:.0f} = {x:.2f}x",
+                        f"{pa['faults_per_pair']:.2f} / {pb['faults_per_pair']:.2f}"]
+                cells += 1
+                where = f"{fmt_size(n)}, {t} thread{'s' if t > 1 else ''}"
+                if worst_t is None or x > worst_t[0]:
+                    worst_t = (x, where)
+                over = pb["faults_per_pair"] - fault_allowance(pa["faults_per_pair"])
+                bad_f += over > 0 or not pb.get("ok", 1)
+                if worst_f is None or over > worst_f[0]:
+                    worst_f = (over, where, pa["faults_per_pair"], pb["faults_per_pair"])
+            rows.append(row)
+        out.append(table(hdr, rows))
+        out.append("")
+        label = (f"Heap ({test}, {fmt_size(sizes[0])}..{fmt_size(sizes[-1])} x "
+                 f"{'/'.join(str(t) for t in threads)} threads): time with shim / glibc, worst cell")
+        if worst_t is None:
+            checks.add(label, "-", f"<= {TARGETS['heap_time_ratio']:.1f}x", None, "no shim run")
+        else:
+            checks.add(label, f"{worst_t[0]:.2f}x ({worst_t[1]})", f"<= {TARGETS['heap_time_ratio']:.1f}x",
+                       worst_t[0] <= TARGETS["heap_time_ratio"])
+            checks.add(f"Heap ({test}): page faults per pair with shim vs glibc",
+                       f"{bad_f} of {cells} cells over; worst {worst_f[3]:.2f} vs {worst_f[2]:.2f} "
+                       f"({worst_f[1]})",
+                       f"<= {TARGETS['heap_fault_ratio']:.0f}x glibc's (+1 where glibc's < 1)", bad_f == 0)
+    ma = [r for r in plain_recs if r.get("bench") == "heap" and r.get("test") == "many_blocks"]
+    mb = [r for r in shim_recs if r.get("bench") == "heap" and r.get("test") == "many_blocks"]
+    if ma:
+        rows = []
+        for side, rs in (("glibc", ma), ("with shim", mb)):
+            for r in rs[:1]:
+                rows.append([side, f"{r['made']} of {r['blocks']}", r["maps_before"], r["maps_peak"],
+                             r["maps_after"], f"{r['ns_per_malloc']:.0f}", f"{r['ns_per_free']:.0f}"])
+        out.append(f"{ma[0]['blocks']} live blocks of {fmt_size(ma[0]['size_min'])}..{fmt_size(ma[0]['size_max'])} "
+                   "(one byte written in each): lines of /proc/self/maps")
+        out.append("")
+        out.append(table(["", "blocks allocated", "mappings before", "at the peak", "after the frees",
+                          "ns per malloc", "ns per free"], rows))
+        out.append("")
+        label = f"Heap: {ma[0]['blocks']} live 64-72 KiB blocks, mappings at the peak beyond glibc's"
+        if mb:
+            added = mb[0]["maps_peak"] - ma[0]["maps_peak"]
+            ok = added <= TARGETS["heap_maps_added"] and mb[0]["ok"] == 1
+            checks.add(label, f"{added:+d} ({mb[0]['maps_peak']} vs {ma[0]['maps_peak']})"
+                       + ("" if mb[0]["ok"] == 1 else f"; malloc failed after {mb[0]['made']} blocks"),
+                       f"<= +{TARGETS['heap_maps_added']}", ok)
+        else:
+            checks.add(label, "-", f"<= +{TARGETS['heap_maps_added']}", None, "no shim run")
+    ca = {r["test"]: r["ns_median"] for r in plain_recs if r.get("bench") == "memcpy_overhead"}
+    cb = {r["test"]: r["ns_median"] for r in shim_recs if r.get("bench") == "memcpy_overhead"}
+    added = [(cb[t] - ca[t], t) for t in ca if t in cb]
+    if added:
+        w = max(added)
+        checks.add("One 64-byte memcpy/memmove (via pointer / direct call): ns added by the shim, worst",
+                   f"{w[0]:+.2f} ns ({w[1]}; {', '.join(f'{t} {x:+.2f}' for x, t in sorted(added, key=lambda y: y[1]))})",
+                   f"<= {TARGETS['memcpy_added_ns']:.0f} ns", w[0] <= TARGETS["memcpy_added_ns"])
+    elif ca:
+        checks.add("One 64-byte memcpy/memmove: ns added by the shim", "-",
+                   f"<= {TARGETS['memcpy_added_ns']:.0f} ns", None, "no shim run")
+    return out
+
+
+def heap_main(plain_path, shim_path):
+    """summarize.py --heap PLAIN.txt SHIM.txt: the heap tables and their targets, for
+    bench/run_malloc_bench.sh (which `make test` runs too)."""
+    checks = Checks()
+    lines = heap_report(parse_result_lines(plain_path), parse_result_lines(shim_path), checks)
+    print("\n".join(lines))
+    if checks.rows:
+        print(table(["what", "measured", "target", "result", "note"], checks.rows))
+    return 0
+
+
 def main(argv):
+    if len(argv) == 3 and argv[0] == "--heap":
+        return heap_main(argv[1], argv[2])
     if len(argv) != 1:
-        print("usage: summarize.py RESULTS_DIR", file=sys.stderr)
+        print("usage: summarize.py RESULTS_DIR | --heap PLAIN.txt SHIM.txt", file=sys.stderr)
         return 2
     outdir = argv[0]
     d = Data(outdir)
@@ -609,16 +743,185 @@ def main(argv):
         body.append(f"## CuPy ({d.size_of('cupy')}, GB/s)")
         body.append("")
         rows = []
-        for op, what in (("asarray", "cupy.asarray(numpy array)"), ("get", "cupy_array.get()")):
+        for op, what in (("asarray", "cupy.asarray(numpy array)"), ("get", "cupy_array.get()"),
+                         ("asnumpy", "cupy.asnumpy(cupy_array), a fresh array each time")):
             a, b = d.med("cupy", "plain", "gbps", op=op), d.med("cupy", "shim", "gbps", op=op)
+            if op == "asnumpy" and a is None and b is None:
+                continue
             rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
             checks.add(f"CuPy {what}: speedup with shim", f2(ratio(b, a), "x"), "(reported)",
                        None if ratio(b, a) is None else "info",
                        "" if ratio(b, a) is not None else d.why_missing("cupy"))
+            if op == "asarray":
+                checks.add(f"CuPy {what}: GB/s with shim", "-" if b is None else f"{b:.1f} (without: {f2(a)})",
+                           f">= {TARGETS['cupy_asarray_gbps']:.0f} GB/s",
+                           None if b is None else b >= TARGETS["cupy_asarray_gbps"],
+                           "" if b is not None else d.why_missing("cupy"))
         if any(r[1] != "-" for r in rows):
             body.append(table(["operation", "without shim", "with shim", "speedup"], rows))
         else:
             body.append(f"Not measured ({d.why_missing('cupy')}).")
+        body.append("")
+
+    # ---------------------------------------------------------------- cold copies: a model
+    def ran(*cases):
+        return any(d.case_runs(c) for c in cases)
+
+    def gbps_check(label, value, target, case, extra=""):
+        checks.add(label, "-" if value is None else f"{value:.1f}{extra}", f">= {target:.0f} GB/s",
+                   None if value is None else value >= target, "" if value is not None else d.why_missing(case))
+
+    if gpu != "none" and ran("model"):
+        mb = d.first("model", "bytes")
+        body.append(f"## A GPT-2-medium-sized model: model.to(\"cuda\") and state_dict() to the CPU "
+                    f"({'-' if mb is None else f'{mb / 1e9:.2f} GB'}, {d.first('model', 'tensors', '?')} tensors; GB/s)")
+        body.append("")
+        rows = []
+        for op, what in (("to_cuda", "model.to(\"cuda\"), the first move"),
+                         ("state_dict_cpu", "{k: v.to(\"cpu\") for k, v in state_dict().items()}, median")):
+            a, b = d.med("model", "plain", "gbps", op=op), d.med("model", "shim", "gbps", op=op)
+            rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
+        body.append(table(["copy", "without shim", "with shim", "speedup"], rows))
+        body.append("")
+        body.append("Each process builds the model on the CPU and moves it once; the checkpoint copies "
+                    "are repeated in the process. Figures are medians over the processes.")
+        body.append("")
+        gbps_check("Model (GPT-2 medium) model.to(\"cuda\"): GB/s with shim",
+                   d.med("model", "shim", "gbps", op="to_cuda"), TARGETS["model_up_gbps"], "model",
+                   f" (without: {f2(d.med('model', 'plain', 'gbps', op='to_cuda'))})")
+        gbps_check("Model state_dict() to the CPU (checkpoint): GB/s with shim",
+                   d.med("model", "shim", "gbps", op="state_dict_cpu"), TARGETS["model_down_gbps"], "model",
+                   f" (without: {f2(d.med('model', 'plain', 'gbps', op='state_dict_cpu'))})")
+
+    # ---------------------------------------------------------------- cold copies: safetensors
+    if gpu != "none" and ran("safetensors"):
+        sb = d.first("safetensors", "bytes")
+        body.append(f"## safetensors checkpoint onto the GPU ({'-' if sb is None else f'{sb / 2**20:.0f} MiB'}, "
+                    f"{d.first('safetensors', 'tensors', '?')} tensors of 4 KiB..200 MiB, file in the page cache; GB/s)")
+        body.append("")
+        rows = []
+        for op, what in (("load_cuda", "load_file(path, device=\"cuda\")"),
+                         ("load_then_cuda", "load_file(path), then .cuda() per tensor")):
+            a, b = d.med("safetensors", "plain", "gbps", op=op), d.med("safetensors", "shim", "gbps", op=op)
+            x = ratio(b, a)
+            rows.append([what, f2(a), f2(b), f2(x, "x")])
+            checks.add(f"safetensors {what}: speedup with shim", f2(x, "x"),
+                       f">= {TARGETS['safetensors_speedup']:.1f}x",
+                       None if x is None else x >= TARGETS["safetensors_speedup"],
+                       "" if x is not None else d.why_missing("safetensors"))
+            gbps_check(f"safetensors {what}: GB/s with shim", b, TARGETS["safetensors_gbps"], "safetensors",
+                       f" (without: {f2(a)})")
+        body.append(table(["load", "without shim", "with shim", "speedup"], rows))
+        body.append("")
+
+    # ---------------------------------------------------------------- DataLoader with workers
+    if gpu != "none" and ran("dataloader"):
+        body.append(f"## DataLoader, {d.first('dataloader', 'workers', 4)} workers (batches in shared memory), "
+                    "64 x 3x224x224 float, batches/s")
+        body.append("")
+        rows = []
+        for case, side, what in (("dataloader", "plain", "pin_memory=True, without shim (the reference)"),
+                                 ("dataloader", "shim", "pin_memory=False, with shim"),
+                                 ("dataloader_nopin", "plain", "pin_memory=False, without shim")):
+            v = d.values(case, side, "batches_per_s")
+            if v:
+                med = statistics.median(v)
+                rows.append([what, f2(med), f2(min(v)), f2(max(v)), f"{(max(v) - min(v)) / med:.1%}", len(v)])
+            else:
+                rows.append([what, "-", "-", "-", "-", 0])
+        body.append(table(["loader", "median", "min", "max", "spread (max-min)/median", "runs"], rows))
+        body.append("")
+        pr = d.pair_ratios("dataloader", "batches_per_s")
+        pm = statistics.median(pr) if pr else None
+        rom = ratio(d.med("dataloader", "shim", "batches_per_s"), d.med("dataloader", "plain", "batches_per_s"))
+        if pr:
+            body.append(f"Pairs (one run of each, one right after the other, the order swapped every other "
+                        f"pair), with shim / reference: {', '.join(f'{x:.3f}' for x in pr)}; median "
+                        f"{pm:.3f}, ratio of the medians {f2(rom)}.")
+            body.append("")
+        checks.add("DataLoader, 4 workers: pin_memory=False + shim vs pin_memory=True (median pair ratio)",
+                   "-" if pm is None else f"{pm:.3f} (pairs {min(pr):.3f}..{max(pr):.3f}, n={len(pr)})",
+                   f">= {TARGETS['dataloader_vs_pin_memory']:.2f}x",
+                   None if pm is None else pm >= TARGETS["dataloader_vs_pin_memory"],
+                   "" if pm is not None else d.why_missing("dataloader"))
+
+    # ---------------------------------------------------------------- fresh buffers
+    if gpu != "none" and ran("fresh_pageable", "fresh_pinned"):
+        body.append(f"## Fresh buffer, {d.first('fresh_pageable', 'copies', d.first('fresh_pinned', 'copies', '?'))} "
+                    f"sync copies, a {d.size_of('fresh_pageable', 'evict_bytes', d.size_of('fresh_pinned', 'evict_bytes'))} "
+                    "memset of another buffer before each (GB/s of the copies, the first included)")
+        body.append("")
+        sizes = sorted({r["bytes"] for r in d.records if r["case"] in ("fresh_pageable", "fresh_pinned")})
+        rows = []
+        worst = None
+        for n in sizes:
+            for dr in ("h2d", "d2h"):
+                a = d.med("fresh_pageable", "plain", "gbps", bytes=n, dir=dr)
+                b = d.med("fresh_pageable", "shim", "gbps", bytes=n, dir=dr)
+                c = d.med("fresh_pinned", "plain", "gbps", bytes=n, dir=dr)
+                fa = d.med("fresh_pageable", "shim", "first_us", bytes=n, dir=dr)
+                x = ratio(b, c)
+                rows.append([fmt_size(n), dr.upper(), f2(a), f2(b), f2(c), "-" if x is None else f"{x:.1%}",
+                             "-" if fa is None else f"{fa:.0f}"])
+                if x is not None and (worst is None or x < worst[0]):
+                    worst = (x, f"{fmt_size(n)} {dr.upper()}")
+        body.append(table(["size", "dir", "malloc, without shim", "malloc, with shim",
+                           "cudaMallocHost, without shim", "shim / pinned", "first copy with shim (us)"], rows))
+        body.append("")
+        what = (f"{d.first('fresh_pageable', 'copies')} sync copies ({', '.join(fmt_size(n) for n in sizes)}; "
+                "H2D, D2H)" if sizes else "sync copies")
+        checks.add(f"Fresh malloc buffer, {what}: shim vs cudaMallocHost, worst",
+                   "-" if worst is None else f"{worst[0]:.1%} ({worst[1]})",
+                   f">= {TARGETS['fresh_vs_pinned']:.0%} at each size",
+                   None if worst is None else worst[0] >= TARGETS["fresh_vs_pinned"],
+                   "" if worst is not None else d.why_missing("fresh_pageable"))
+
+    if gpu != "none" and ran("two_fresh"):
+        body.append(f"## Two threads, H2D || D2H, a new {d.size_of('two_fresh')} malloc buffer per copy "
+                    f"(malloc, copy, free; {d.first('two_fresh', 'copies', '?')} copies each; aggregate GB/s)")
+        body.append("")
+        a, b = d.med("two_fresh", "plain", "gbps"), d.med("two_fresh", "shim", "gbps")
+        fa, fb = d.med("two_fresh", "plain", "gbps_first"), d.med("two_fresh", "shim", "gbps_first")
+        body.append(table(["", "without shim", "with shim", "ratio"],
+                          [["median of the timings", f2(a), f2(b), f2(ratio(b, a), "x")],
+                           ["the first timing of a process", f2(fa), f2(fb), f2(ratio(fb, fa), "x")]]))
+        body.append("")
+        gbps_check(f"Two threads, new {d.size_of('two_fresh', default='')} malloc buffers per copy: "
+                   "aggregate GB/s with shim".replace("  ", " "), b,
+                   TARGETS["two_fresh_gbps"], "two_fresh", f" (without: {f2(a)})")
+
+    # ---------------------------------------------------------------- bounce copies
+    if gpu != "none" and ran("bounce"):
+        body.append(f"## CPU memcpy to and from cudaMallocHost memory ({d.size_of('bounce')}; GB/s): what a "
+                    "framework's own pinned staging costs")
+        body.append("")
+        rows = []
+        for op, what, target in (("to_pinned", "malloc (resident) -> pinned", "bounce_pinned_gbps"),
+                                 ("from_pinned", "pinned -> malloc (resident)", None),
+                                 ("from_pinned_malloc", "pinned -> fresh malloc (never touched)", "bounce_fresh_gbps"),
+                                 ("from_pinned_mmap", "pinned -> fresh mmap (never touched)", "bounce_fresh_gbps")):
+            a, b = d.med("bounce", "plain", "gbps", op=op), d.med("bounce", "shim", "gbps", op=op)
+            rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
+            if target:
+                gbps_check(f"memcpy {d.size_of('bounce', default='')} {what}: GB/s with shim".replace("  ", " "),
+                           b, TARGETS[target], "bounce",
+                           f" (without: {f2(a)})")
+        body.append(table(["memcpy", "without shim", "with shim", "speedup"], rows))
+        body.append("")
+
+    if gpu != "none" and ran("jax"):
+        body.append(f"## JAX ({d.size_of('jax')}, GB/s)")
+        body.append("")
+        rows = []
+        for op, what, target in (("device_put", "jax.device_put(numpy array)", "jax_put_gbps"),
+                                 ("asarray", "np.asarray(jax array), a fresh one each time", "jax_get_gbps")):
+            a, b = d.med("jax", "plain", "gbps", op=op), d.med("jax", "shim", "gbps", op=op)
+            rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])
+            gbps_check(f"JAX {what}: GB/s with shim", b, TARGETS[target], "jax", f" (without: {f2(a)})")
+        if any(r[1] != "-" for r in rows):
+            body.append(table(["operation", "without shim", "with shim", "speedup"], rows))
+        else:
+            body.append(f"Not measured ({d.why_missing('jax')}).")
         body.append("")
 
     # ---------------------------------------------------------------- malloc
@@ -629,12 +932,21 @@ def main(argv):
         with open(mtab, encoding="utf-8") as f:
             body.append(f.read().rstrip())
         body.append("")
-        body.append("(\"added\" = with the shim preloaded minus without; no target, shown for the record. "
+        body.append("(\"added\" = with the shim preloaded minus without. "
                     "copy_* rows: one sync copy against bench/null_driver, whose copies return at "
-                    "once, so the added time is all the shim's own work on a small copy.)")
+                    "once, so the added time is all the shim's own work on a small copy; no target. "
+                    "memcpy_*/memmove_* rows: one 64-byte call, through a function pointer (_ptr) "
+                    "or a direct call of a size the compiler cannot see (_call); target below.)")
     else:
         body.append("Not measured (bench/run_malloc_bench.sh produced no table).")
     body.append("")
+    mplain = os.path.join(outdir, "malloc", "malloc.plain.txt")
+    mshim = os.path.join(outdir, "malloc", "malloc.full.txt")
+    heap_lines = heap_report(parse_result_lines(mplain), parse_result_lines(mshim), checks)
+    if heap_lines:
+        body.append("## Programs that never copy to a GPU: malloc + touch + free (CPU; shim in mode full)")
+        body.append("")
+        body += heap_lines
 
     # ---------------------------------------------------------------- what the shim did
     eff = shim_effect_rows(d, merge)

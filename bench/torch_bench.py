@@ -2,7 +2,10 @@
 """PyTorch transfer benchmarks (run plain and under the shim by bench/run_bench.sh).
 
   torch_bench.py dataloader [--pin-memory] [--batches 40] [--batch-size 64] [--warmup 3]
-      A DataLoader-fed loop (synthetic Dataset of 3x224x224 float32 images, workers=0):
+                            [--workers 0] [--prefetch 2]
+      A DataLoader-fed loop (synthetic Dataset of 3x224x224 float32 images made by --workers
+      worker processes, or by the main process with 0; from workers, each batch reaches the
+      main process in shared memory):
       each batch goes to the GPU with .to("cuda", non_blocking=True), a small reduction runs on
       it and its result is checked (.item(), as a training loop reads its loss).
   torch_bench.py transfer [--size 512M] [--reps 10]
@@ -27,20 +30,20 @@ def parse_size(text):
     return int(num) * units[t[len(num):]]
 
 
-def load_torch():
+def load_torch(device="cuda"):
     try:
         import torch
     except Exception as e:  # ImportError, or a broken install
         print(f"SKIP torch_bench: torch does not import ({e.__class__.__name__}: {e})")
         sys.exit(SKIP)
-    if not torch.cuda.is_available():
+    if device != "cpu" and not torch.cuda.is_available():
         print("SKIP torch_bench: torch sees no CUDA device")
         sys.exit(SKIP)
     return torch
 
 
 def dataloader(args):
-    torch = load_torch()
+    torch = load_torch(args.device)
     from torch.utils.data import DataLoader, Dataset
 
     class Synthetic(Dataset):
@@ -55,15 +58,18 @@ def dataloader(args):
             return torch.full((3, 224, 224), float(idx % 251), dtype=torch.float32), idx
 
     total = args.batches + args.warmup
+    extra = {"prefetch_factor": args.prefetch} if args.workers > 0 else {}
     loader = DataLoader(Synthetic(total * args.batch_size), batch_size=args.batch_size,
-                        shuffle=False, num_workers=0, pin_memory=args.pin_memory)
-    dev = torch.device("cuda")
-    torch.cuda.synchronize()
+                        shuffle=False, num_workers=args.workers, pin_memory=args.pin_memory,
+                        **extra)
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if args.device != "cpu" else (lambda: None)
+    sync()
     batch_bytes = args.batch_size * 3 * 224 * 224 * 4
     t0 = None
     for i, (x, idx) in enumerate(loader):
         if i == args.warmup:
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
         xd = x.to(dev, non_blocking=True)
         got = xd[:, 0, 0, 0].sum().item()  # the "loss": forces the copy to have landed
@@ -71,11 +77,12 @@ def dataloader(args):
         if got != want:
             print(f"torch_bench: MISMATCH in batch {i}: {got} != {want}", file=sys.stderr)
             return 1
-    torch.cuda.synchronize()
+    sync()
     secs = time.perf_counter() - t0
     bps = args.batches / secs
-    print(f"torch dataloader pin_memory={args.pin_memory}: {bps:.3f} batches/s", file=sys.stderr)
-    print(f"RESULT bench=torch_dataloader pin_memory={int(args.pin_memory)} "
+    print(f"torch dataloader pin_memory={args.pin_memory} workers={args.workers}: "
+          f"{bps:.3f} batches/s", file=sys.stderr)
+    print(f"RESULT bench=torch_dataloader pin_memory={int(args.pin_memory)} workers={args.workers} "
           f"batches={args.batches} batch_bytes={batch_bytes} seconds={secs:.6f} "
           f"batches_per_s={bps:.4f} gbps={bps * batch_bytes / 1e9:.4f} ok=1")
     return 0
@@ -131,6 +138,9 @@ def main():
     d.add_argument("--batches", type=int, default=40)
     d.add_argument("--batch-size", type=int, default=64)
     d.add_argument("--warmup", type=int, default=3)
+    d.add_argument("--workers", type=int, default=0)
+    d.add_argument("--prefetch", type=int, default=2, help="batches each worker prepares ahead")
+    d.add_argument("--device", default="cuda", help="cpu: a dry run of the loop without a GPU")
     t = sub.add_parser("transfer")
     t.add_argument("--size", default="512M")
     t.add_argument("--reps", type=int, default=10)
