@@ -65,13 +65,6 @@ static void *large_alloc(size_t n, size_t align, int zero)
     return p;
 }
 
-static inline int maybe_heap_pointer(const void *p)
-{
-    /* Heap blocks are page-aligned (or aligned further): anything else is the allocator's,
-     * which keeps free() of small blocks to one test. */
-    return ((uintptr_t)p & (SHIM_PAGE_SIZE - 1)) == 0 && heap_track_min != SIZE_MAX;
-}
-
 static inline void *malloc_for(size_t n, const void *caller)
 {
     if (SHIM_UNLIKELY(serve_large(n, caller)))
@@ -88,7 +81,7 @@ SHIM_EXPORT void *malloc(size_t n)
 
 static void free_from(void *p, const void *caller)
 {
-    if (SHIM_UNLIKELY(maybe_heap_pointer(p))) {
+    if (SHIM_UNLIKELY(heap_may_own(p))) {
         if (!p || in_pool(p))
             return;
         if (SHIM_UNLIKELY(shim_busy)) {
@@ -144,7 +137,7 @@ static void *realloc_for(void *p, size_t n, const void *caller)
     }
     if (!libc_ready())
         return NULL;
-    if (maybe_heap_pointer(p)) {
+    if (heap_may_own(p)) {
         if (n == 0) {
             /* glibc's realloc(p, 0) frees p and returns NULL. */
             free_from(p, caller);
@@ -262,7 +255,7 @@ SHIM_EXPORT size_t malloc_usable_size(void *p)
         return 0;
     if (in_pool(p))
         return 0;
-    if (maybe_heap_pointer(p)) {
+    if (heap_may_own(p)) {
         shim_enter();
         size_t usable = heap_usable_size(p);
         shim_leave();

@@ -64,6 +64,7 @@ static pthread_mutex_t seg_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t seg_count, resident_free_bytes, purged_blocks;
 static size_t central_resident_max = CENTRAL_RESIDENT_MIN;
 static uintptr_t last_seg;
+uintptr_t arena_span_lo = UINTPTR_MAX, arena_span_hi;
 
 static __thread struct tcache *my_cache;
 static pthread_key_t cache_key;
@@ -109,14 +110,20 @@ static inline unsigned class_of(size_t n)
     return class_of_pages((n + SHIM_PAGE_SIZE - 1) / SHIM_PAGE_SIZE);
 }
 
-size_t arena_usable_for(size_t n)
+static inline int colored(size_t n, size_t align)
 {
-    return class_bytes[class_of(n)];
+    (void)n;
+    return align < SHIM_PAGE_SIZE;
 }
 
-unsigned arena_class(size_t n)
+unsigned arena_class_for(size_t n, size_t align)
 {
-    return class_of(n);
+    return class_of(colored(n, align) ? n + SHIM_PAGE_SIZE : n);
+}
+
+unsigned arena_class_of_block(size_t block_len)
+{
+    return class_of(block_len);
 }
 
 /* ---- segments ---- */
@@ -132,7 +139,7 @@ static inline struct arena_seg *seg_of(uintptr_t p)
 
 int arena_contains(uintptr_t p)
 {
-    return seg_of(p) != NULL;
+    return arena_may_contain(p) && seg_of(p) != NULL;
 }
 
 /* A new segment of class c; its class lock is held by the caller. */
@@ -175,6 +182,15 @@ static struct arena_seg *seg_new(unsigned c)
      * only as far as the segment is used. */
     __atomic_store_n(&segmap[(uintptr_t)mem >> ARENA_SEG_SHIFT], s, __ATOMIC_RELEASE);
     __atomic_store_n(&last_seg, (uintptr_t)mem, __ATOMIC_RELAXED);
+    /* The span only grows (segments are never unmapped); seg_mu is not held here, so by CAS. */
+    uintptr_t lo = __atomic_load_n(&arena_span_lo, __ATOMIC_RELAXED);
+    while ((uintptr_t)mem < lo && !__atomic_compare_exchange_n(&arena_span_lo, &lo, (uintptr_t)mem, 1,
+                                                               __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
+    uintptr_t hi = __atomic_load_n(&arena_span_hi, __ATOMIC_RELAXED), end = (uintptr_t)mem + ARENA_SEG_SIZE;
+    while (end > hi && !__atomic_compare_exchange_n(&arena_span_hi, &hi, end, 1, __ATOMIC_RELEASE,
+                                                    __ATOMIC_RELAXED))
+        ;
     __atomic_add_fetch(&seg_count, 1, __ATOMIC_RELAXED);
     return s;
 }
@@ -187,24 +203,26 @@ static inline struct arena_slot *slot_at(struct arena_seg *s, uintptr_t p)
 
 struct arena_slot *arena_slot_of(uintptr_t p)
 {
-    struct arena_seg *s = seg_of(p);
+    struct arena_seg *s = arena_may_contain(p) ? seg_of(p) : NULL;
     if (!s)
         return NULL;
     struct arena_slot *sl = slot_at(s, p);
-    return sl && sl->addr == p ? sl : NULL;
+    return sl && sl->addr && sl->addr + sl->color == p ? sl : NULL;
 }
 
 int arena_find(uintptr_t p, struct arena_block *out)
 {
-    struct arena_seg *s = seg_of(p);
+    struct arena_seg *s = arena_may_contain(p) ? seg_of(p) : NULL;
     if (!s)
         return 0;
     struct arena_slot *sl = slot_at(s, p);
     if (!sl || __atomic_load_n(&sl->state, __ATOMIC_ACQUIRE) == SLOT_FREE)
         return 0;
     out->slot = sl;
-    out->base = sl->addr;
-    out->usable = s->bsize;
+    out->base = sl->addr + sl->color;
+    out->usable = s->bsize - sl->color;
+    out->block = sl->addr;
+    out->block_len = s->bsize;
     return 1;
 }
 
@@ -344,9 +362,10 @@ void arena_flush_thread_cache(void)
 
 /* ---- allocation ---- */
 
-void *arena_alloc(size_t n, int zero)
+void *arena_alloc(size_t n, size_t align, int zero)
 {
-    unsigned c = class_of(n);
+    int color = colored(n, align);
+    unsigned c = class_of(color ? n + SHIM_PAGE_SIZE : n);
     size_t bsize = class_bytes[c];
     struct tcache *tc = thread_cache();
     struct arena_slot *sl = NULL;
@@ -373,11 +392,20 @@ void *arena_alloc(size_t n, int zero)
     }
     sl->size = n;
     sl->rec = NULL;
+    sl->color = 0;
+    if (color) {
+        /* Neighbouring blocks 64 bytes apart in the cache: the block's index picks the line. */
+        struct arena_seg *s = seg_of(sl->addr);
+        size_t index = (sl->addr - s->data) / bsize;
+        size_t step = align > 64 ? align : 64;
+        sl->color = (uint16_t)(((index * 64) % SHIM_PAGE_SIZE) & ~(step - 1));
+    }
+    void *p = (void *)(sl->addr + sl->color);
     if (zero && !sl->zero)
-        memset((void *)sl->addr, 0, n);
+        memset(p, 0, n);
     sl->zero = 0;
     __atomic_store_n(&sl->state, SLOT_LIVE, __ATOMIC_RELEASE);
-    return (void *)sl->addr;
+    return p;
 }
 
 /* A block that is the arena's again goes to this thread's cache, or its central list. */
@@ -408,11 +436,11 @@ static void put_free(struct arena_seg *s, struct arena_slot *sl)
 
 int arena_free(uintptr_t p, struct arena_slot **tracked)
 {
-    struct arena_seg *s = seg_of(p);
+    struct arena_seg *s = arena_may_contain(p) ? seg_of(p) : NULL;
     if (!s)
         return -1;
     struct arena_slot *sl = slot_at(s, p);
-    if (!sl || sl->addr != p)
+    if (!sl || !sl->addr || sl->addr + sl->color != p)
         return -1;
     uint32_t expect = SLOT_LIVE;
     if (!__atomic_compare_exchange_n(&sl->state, &expect, SLOT_FREE, 0, __ATOMIC_ACQ_REL,

@@ -31,32 +31,48 @@ enum slot_state {
 
 struct arena_slot {
     uint32_t state;            /* enum slot_state, atomic */
-    uint32_t zero;             /* its pages are known to read zero (fresh or given back) */
+    uint16_t zero;             /* its pages are known to read zero (fresh or given back) */
+    uint16_t color;            /* the program's pointer is addr + color (see arena_alloc) */
     uint64_t size;             /* bytes the program asked for */
     void *rec;                 /* the registry's record while SLOT_TRACKED */
-    uintptr_t addr;            /* the block's first byte */
+    uintptr_t addr;            /* the block's first byte (page-aligned) */
     struct arena_slot *next;   /* in a free list */
 };
 
 /* What a block of the arena is: for lookups by any address inside it. */
 struct arena_block {
     struct arena_slot *slot;
-    uintptr_t base;            /* == slot->addr */
-    size_t usable;             /* its class size: every byte of it is the program's to use */
+    uintptr_t base;            /* the program's pointer: slot->addr + slot->color */
+    size_t usable;             /* bytes from base to the block's end: all the program's */
+    uintptr_t block;           /* the block's pages, as a registration covers them */
+    size_t block_len;          /* its class size */
 };
 
 /* Set up the class table (start-up, before the first allocation the arena serves). */
 void arena_init(void);
 
-/* A block of at least n bytes (n <= ARENA_MAX_BLOCK), page-aligned, SLOT_LIVE; zeroed when
- * `zero`.  NULL when out of memory (errno ENOMEM). */
-void *arena_alloc(size_t n, int zero);
+/* A block of at least n bytes (n <= ARENA_MAX_BLOCK) aligned to align (at most a page),
+ * SLOT_LIVE; zeroed when `zero`.  NULL when out of memory (errno ENOMEM).
+ * Unless a page alignment is asked for, a block gets a page more and the program's pointer
+ * lies a block-dependent multiple of 64 bytes into it: blocks that all began on a page
+ * boundary would put the same bytes of every block in the same cache sets, and a working set of
+ * many blocks would miss the caches (measured: 2.9x slower for 64 KiB blocks touched a byte a
+ * page).  The extra page is address space only: a registration covers the pages asked for. */
+void *arena_alloc(size_t n, size_t align, int zero);
 
 /* The smallest and largest requests the arena serves: n <= ARENA_MAX_BLOCK, alignment up to a
  * page. */
 static inline int arena_serves(size_t n, size_t align)
 {
-    return n <= ARENA_MAX_BLOCK && align <= 4096;
+    return align <= 4096 && n <= ARENA_MAX_BLOCK - (align < 4096 ? 4096 : 0);
+}
+
+/* The lowest and highest address of any segment, for a quick "not the arena's" test. */
+extern uintptr_t arena_span_lo, arena_span_hi;
+static inline int arena_may_contain(uintptr_t p)
+{
+    return p >= __atomic_load_n(&arena_span_lo, __ATOMIC_RELAXED) &&
+           p < __atomic_load_n(&arena_span_hi, __ATOMIC_RELAXED);
 }
 
 /* The slot of the block starting exactly at p, or NULL when p is not the start of an arena block
@@ -87,9 +103,10 @@ void arena_untrack(struct arena_slot *s);
  * (a block may change state meanwhile: fn must look again under its own lock). */
 void arena_for_each_in_range(uintptr_t p, size_t n, void (*fn)(struct arena_slot *, void *), void *arg);
 
-/* The class size a request of n bytes gets, and the class's index (n <= ARENA_MAX_BLOCK). */
-size_t arena_usable_for(size_t n);
-unsigned arena_class(size_t n);
+/* The class of a request of n bytes aligned to align (with its color page), and the class
+ * whose blocks are exactly `block_len` bytes. */
+unsigned arena_class_for(size_t n, size_t align);
+unsigned arena_class_of_block(size_t block_len);
 
 /* Drop what the calling thread's cache holds back to the central lists (thread exit, tests). */
 void arena_flush_thread_cache(void);

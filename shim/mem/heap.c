@@ -154,7 +154,7 @@ void *heap_alloc(size_t n, size_t align, int zero)
         return p;
     }
     if (arena_serves(n, align))
-        return arena_alloc(n, zero);
+        return arena_alloc(n, align, zero);
     return huge_alloc(n, align, zero);
 }
 
@@ -210,8 +210,11 @@ void *heap_realloc(void *p, size_t n, int *handled)
             return NULL;
         }
         old = slot->size;
-        if (n >= heap_track_min && arena_serves(n, 16) && arena_usable_for(n) == arena_usable_for(old)) {
-            /* In place: the block (and any registration of it) already covers n bytes. */
+        struct arena_block ab;
+        if (n >= heap_track_min && arena_serves(n, 16) && arena_find(a, &ab) && n <= ab.usable &&
+            arena_class_for(n, 16) == arena_class_of_block(ab.block_len) && (n <= old || st == SLOT_LIVE)) {
+            /* In place: the block has room, and a registration of it (which covers the pages the
+             * program asked for) covers n bytes, or there is none to grow. */
             slot->size = n;
             return p;
         }

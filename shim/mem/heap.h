@@ -9,8 +9,20 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "base/shim.h"
+#include "mem/arena.h"
+
 /* Smallest size served here; SIZE_MAX while the shim is not tracking (before start-up, off). */
 extern size_t heap_track_min;
+
+/* Whether p may be a block of the heap: in the arena's span (one test of two words), or
+ * page-aligned (a block with its own mapping).  Anything else is the C library's, which keeps
+ * free() of small blocks to this test. */
+static inline int heap_may_own(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    return heap_track_min != SIZE_MAX && ((a & (SHIM_PAGE_SIZE - 1)) == 0 || arena_may_contain(a));
+}
 
 void heap_init(void);
 

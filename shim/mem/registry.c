@@ -46,13 +46,16 @@ enum block_state {
 struct block {
     uintptr_t base;           /* the address the program sees */
     size_t size;              /* bytes the program asked for */
-    uintptr_t map_base;       /* the pages behind it: a registration covers all of them */
+    uintptr_t map_base;       /* the pages behind it */
     size_t map_len;
     enum block_origin origin;
     enum block_state state;
     int prot;                 /* PROT_* of its pages as the program set them */
     struct arena_slot *slot;  /* ORIGIN_ARENA */
-    /* the registration, while PROMOTED or CACHED */
+    /* the registration, while PROMOTED or CACHED: arena blocks, the pages the program asked for
+     * (not the rest of the block's class); other blocks, their whole mapping */
+    uintptr_t reg_base;
+    size_t reg_len;
     CUcontext reg_ctx;
     unsigned reg_flags;
     /* hotness, for the cost model */
@@ -246,9 +249,10 @@ static struct block *lookup(uintptr_t p, int make)
         struct block *b = record_new();
         if (!b)
             return NULL;
-        b->base = b->map_base = ab.base;
+        b->base = ab.base;
         b->size = s->size;
-        b->map_len = ab.usable;
+        b->map_base = ab.block;
+        b->map_len = ab.block_len;
         b->origin = ORIGIN_ARENA;
         b->state = BLOCK_PAGEABLE;
         b->prot = PROT_READ | PROT_WRITE;
@@ -451,15 +455,29 @@ struct unreg {
 
 static void cache_unlink(struct block *b);
 
+/* The pages a registration of b covers. */
+static void reg_range(const struct block *b, uintptr_t *base, size_t *len)
+{
+    if (b->origin == ORIGIN_ARENA) {
+        *base = page_down(b->base);
+        *len = page_up(b->base + (b->size ? b->size : 1)) - *base;
+    } else {
+        *base = b->map_base;
+        *len = b->map_len;
+    }
+}
+
 /* b stops being registered in the records (mu held); the caller unregisters `u` outside mu. */
 static struct unreg take_registration(struct block *b)
 {
-    struct unreg u = { b->map_base, b->map_len, b->reg_ctx, b->async_pending };
+    struct unreg u = { b->reg_base, b->reg_len, b->reg_ctx, b->async_pending };
     if (b->state == BLOCK_CACHED)
         cache_unlink(b);
     else if (b->state == BLOCK_PROMOTED)
         lru_unlink(&promoted_head, b);
     b->state = BLOCK_PAGEABLE;
+    b->reg_base = 0;
+    b->reg_len = 0;
     b->reg_ctx = NULL;
     b->reg_flags = 0;
     b->async_pending = 0;
@@ -473,7 +491,7 @@ static struct unreg take_registration(struct block *b)
  * in one list of their own. */
 static unsigned cache_list_of(const struct block *b)
 {
-    return b->origin == ORIGIN_ARENA ? arena_class(b->map_len) : HUGE_FIT;
+    return b->origin == ORIGIN_ARENA ? arena_class_of_block(b->map_len) : HUGE_FIT;
 }
 
 static void cache_put(struct block *b)
@@ -535,7 +553,11 @@ void *registry_cache_take(size_t n, size_t align)
     pthread_mutex_lock(&mu);
     struct block *best = NULL;
     if (arena_serves(n, align)) {
-        best = cache_fit[arena_class(n)];   /* the most recently freed: its pages are warmest */
+        /* The most recently freed of the class (its pages are warmest), if it is aligned as
+         * asked: blocks of a class differ only in where their pointer lies. */
+        best = cache_fit[arena_class_for(n, align)];
+        if (best && ((best->base & (align - 1)) || page_up(best->base + n) > best->reg_base + best->reg_len))
+            best = NULL;   /* its registration covers fewer pages than this request needs */
     } else {
         for (struct block *b = cache_fit[HUGE_FIT]; b; b = b->fit_next) {
             size_t usable = b->map_base + b->map_len - b->base;
@@ -702,8 +724,9 @@ static int promote(struct block *b, int background)
     pthread_mutex_lock(&change_mu);
     pthread_mutex_lock(&mu);
     int state = b->dead ? -1 : (int)b->state;
-    uintptr_t base = b->map_base;
-    size_t len = b->map_len;
+    uintptr_t base;
+    size_t len;
+    reg_range(b, &base, &len);
     int prot = b->prot;
     pthread_mutex_unlock(&mu);
     if (state != BLOCK_PAGEABLE) {
@@ -739,6 +762,8 @@ static int promote(struct block *b, int background)
         b->bg_registering = 0;
         if (r == CUDA_SUCCESS) {
             b->state = BLOCK_PROMOTED;
+            b->reg_base = base;
+            b->reg_len = len;
             b->reg_ctx = ctx;
             b->reg_flags = flags;
             lru_insert(&promoted_head, b);
@@ -952,8 +977,11 @@ static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, in
     if (__atomic_load_n(&promotion_state, __ATOMIC_ACQUIRE) < 0)
         return stageable ? COST_STAGE : COST_LEAVE;
     struct cost_rates rates = current_rates();
+    uintptr_t reg_base;
+    size_t reg_len;
+    reg_range(b, &reg_base, &reg_len);
     struct cost_inputs in = {
-        .dir = dir, .copy_bytes = n, .block_bytes = b->map_len,
+        .dir = dir, .copy_bytes = n, .block_bytes = reg_len,
         .resident_bytes = COST_RESIDENT_UNKNOWN, .copies_seen = b->copies,
         .budget = shim_cfg.budget, .bytes_moved = b->bytes_moved,
         .writable = (b->prot & PROT_WRITE) != 0, .read_only_register = read_only_supported,
@@ -961,7 +989,7 @@ static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, in
     };
     struct cost_decision d = cost_decide(&in, &rates);
     if (d.verdict == COST_NEED_RESIDENCY) {
-        in.resident_bytes = os_resident_bytes(b->map_base, b->map_len);
+        in.resident_bytes = os_resident_bytes(reg_base, reg_len);
         d = cost_decide(&in, &rates);
     }
     if ((d.verdict == COST_LEAVE || d.verdict == COST_STAGE) && n >= shim_cfg.min_size)
@@ -1013,6 +1041,13 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
          * behind the shim's back): the registration cannot take this copy. */
         let_go(b);
         b->prot |= PROT_WRITE;
+    }
+    if (b->state == BLOCK_PROMOTED && (p < b->reg_base || p + n > b->reg_base + b->reg_len)) {
+        /* Partly outside its registration: the driver's pageable path, held like one. */
+        b->pageable_users++;
+        hold->pageable = b;
+        pthread_mutex_unlock(&mu);
+        return MEM_PAGEABLE;
     }
     if (b->state == BLOCK_PROMOTED) {
         if (flags & COPY_CAPTURING)
@@ -1463,7 +1498,7 @@ CUresult registry_program_unregister(void *p, CUresult (*unreg)(void *))
         pthread_mutex_lock(&mu);
         /* An arena block gets a record now if it had none, so that it can be held still. */
         struct block *b = lookup_settled(a, 1);
-        if (b && b->state != BLOCK_PAGEABLE && a >= b->map_base && a < b->map_base + b->map_len) {
+        if (b && b->state != BLOCK_PAGEABLE && a >= b->reg_base && a < b->reg_base + b->reg_len) {
             pthread_mutex_unlock(&mu);
             return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
         }
