@@ -18,7 +18,8 @@ struct shim_config {
     uint64_t staging_min;         /* PINSHIM_STAGING_MIN: smallest pageable copy sent through staging */
     uint64_t staging_chunk;       /* PINSHIM_STAGING_CHUNK */
     uint64_t staging_buffers;     /* PINSHIM_STAGING_BUFFERS */
-    uint64_t copy_threads;        /* PINSHIM_COPY_THREADS */
+    uint64_t copy_threads;        /* PINSHIM_COPY_THREADS; 0 = the CPUs local to the GPU */
+    bool streaming_stores;        /* PINSHIM_STREAMING_STORES */
     uint64_t bw_h2d_pageable;     /* PINSHIM_BW_H2D_PAGEABLE, MB/s */
     uint64_t bw_d2h_pageable;     /* PINSHIM_BW_D2H_PAGEABLE, MB/s */
     uint64_t bw_pinned;           /* PINSHIM_BW_PINNED, MB/s */

@@ -47,6 +47,8 @@ void real_libc_resolve(void)
     RESOLVE_(mremap, "mremap");
     RESOLVE_(madvise, "madvise");
     RESOLVE_(mprotect, "mprotect");
+    RESOLVE_(memcpy, "memcpy");
+    RESOLVE_(memmove, "memmove");
 #undef RESOLVE_
     __atomic_store_n(&libc.dlsym, real_dlsym, __ATOMIC_RELEASE);
     shim_leave();

@@ -24,6 +24,8 @@ struct libc_fns {
     void *(*mremap)(void *, size_t, size_t, int, ...);
     int (*madvise)(void *, size_t, int);
     int (*mprotect)(void *, size_t, int);
+    void *(*memcpy)(void *, const void *, size_t);
+    void *(*memmove)(void *, const void *, size_t);
     void *(*dlsym)(void *, const char *);
 };
 extern struct libc_fns libc;
@@ -37,6 +39,7 @@ void real_libc_resolve(void);
     X(cuCtxPushCurrent_v2, CUresult, (CUcontext))                                           \
     X(cuCtxPopCurrent_v2, CUresult, (CUcontext *))                                          \
     X(cuCtxGetDevice, CUresult, (CUdevice *))                                               \
+    X(cuDeviceGetPCIBusId, CUresult, (char *, int, CUdevice))                               \
     X(cuCtxSynchronize, CUresult, (void))                                                   \
     X(cuDeviceGetAttribute, CUresult, (int *, CUdevice_attribute, CUdevice))                \
     X(cuPointerGetAttribute, CUresult, (void *, CUpointer_attribute, CUdeviceptr))          \

@@ -27,6 +27,7 @@
 #include "mem/registry.h"
 #include "base/real.h"
 #include "base/shim.h"
+#include "copy/cpupool.h"
 #include "copy/staging.h"
 #include "stats/stats.h"
 #include "copy/streams.h"
@@ -34,216 +35,6 @@
 #define MAX_LANES 8
 #define LANES_PER_CTX 2          /* e.g. one thread's H2D while another's D2H */
 #define MAX_BUFFERS 8            /* PINSHIM_STAGING_BUFFERS' own upper bound */
-#define MAX_WORKERS 63           /* PINSHIM_COPY_THREADS <= 64, the caller is one of them */
-#define WORKER_SPIN_NS 50000ull  /* the next chunk's job usually comes within microseconds */
-
-/* Smallest slice of one memcpy job handed to a thread: splitting less than this costs more in
- * wake-ups than it gains.  A sixteenth of a chunk, within [4 KiB, 1 MiB]: 1 MiB for the default
- * 16 MiB chunks, so that small chunks are split too. */
-static size_t slice_min(void)
-{
-    size_t s = (size_t)shim_cfg.staging_chunk / 16;
-    return s < 4096 ? 4096 : s > (1u << 20) ? (1u << 20) : s;
-}
-
-/* ---------------------------------------------------------------- copy thread pool */
-
-/* One memcpy job: `rows` rows of `width` bytes, src/dst rows `spitch`/`dpitch` apart.  A job of
- * one row is split by bytes, a job of several by rows.  next/done are guarded by pool.mu. */
-struct copy_job {
-    char *dst;
-    const char *src;
-    size_t dpitch, spitch, width, rows;
-    unsigned nslices, next, done;
-    struct copy_job *link;       /* pool.jobs: jobs with slices not yet taken */
-};
-
-static struct {
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv, done_cv;
-    struct copy_job *jobs;
-    unsigned gen;                /* bumped per job, read unlocked by spinning workers */
-    int stop;
-    int started;
-    int nworkers;
-    pthread_t tid[MAX_WORKERS];
-} pool = { .mu = PTHREAD_MUTEX_INITIALIZER, .work_cv = PTHREAD_COND_INITIALIZER,
-            .done_cv = PTHREAD_COND_INITIALIZER };
-
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static void run_slice(const struct copy_job *j, unsigned i)
-{
-    if (j->rows == 1) {
-        size_t per = (j->width + j->nslices - 1) / j->nslices;
-        size_t off = (size_t)i * per;
-        if (off < j->width)
-            memcpy(j->dst + off, j->src + off, j->width - off < per ? j->width - off : per);
-        return;
-    }
-    size_t per = (j->rows + j->nslices - 1) / j->nslices;
-    size_t r0 = (size_t)i * per, r1 = r0 + per < j->rows ? r0 + per : j->rows;
-    for (size_t r = r0; r < r1; r++)
-        memcpy(j->dst + r * j->dpitch, j->src + r * j->spitch, j->width);
-}
-
-/* Take one slice of the first job with slices left; pool.mu held.  -1 when none. */
-static long take_slice(struct copy_job **out)
-{
-    struct copy_job *j = pool.jobs;
-    if (!j)
-        return -1;
-    unsigned i = j->next++;
-    if (j->next == j->nslices)
-        pool.jobs = j->link;
-    *out = j;
-    return i;
-}
-
-/* A slice finished; pool.mu held.  After the last one the owner may free the job at once, so
- * nobody touches it after this. */
-static void slice_done(struct copy_job *j)
-{
-    if (++j->done == j->nslices)
-        pthread_cond_broadcast(&pool.done_cv);
-}
-
-static void *worker_main(void *arg)
-{
-    shim_enter();   /* anything this thread allocates bypasses the hooks; never left */
-    pthread_mutex_lock(&pool.mu);
-    for (;;) {
-        if (__atomic_load_n(&pool.stop, __ATOMIC_RELAXED))
-            break;
-        struct copy_job *j;
-        long i = take_slice(&j);
-        if (i >= 0) {
-            pthread_mutex_unlock(&pool.mu);
-            run_slice(j, (unsigned)i);
-            pthread_mutex_lock(&pool.mu);
-            slice_done(j);
-            continue;
-        }
-        /* Spin a little before sleeping: in a pipeline the next chunk's job follows within
-         * microseconds, and a futex wake-up per chunk per thread would show. */
-        unsigned gen = pool.gen;
-        pthread_mutex_unlock(&pool.mu);
-        uint64_t t0 = shim_now_ns();
-        int changed = 0;
-        for (unsigned n = 0; !changed; n++) {
-            changed = __atomic_load_n(&pool.gen, __ATOMIC_ACQUIRE) != gen ||
-                      __atomic_load_n(&pool.stop, __ATOMIC_ACQUIRE);
-            if ((n & 63) == 63 && shim_now_ns() - t0 > WORKER_SPIN_NS)
-                break;
-            cpu_relax();
-        }
-        pthread_mutex_lock(&pool.mu);
-        if (!changed && pool.gen == gen && !__atomic_load_n(&pool.stop, __ATOMIC_RELAXED))
-            pthread_cond_wait(&pool.work_cv, &pool.mu);
-    }
-    pthread_mutex_unlock(&pool.mu);
-    return arg;
-}
-
-static int online_cpus(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
-/* Start the workers once.  PINSHIM_COPY_THREADS counts the calling thread: 1 means no pool. */
-static void pool_start(void)
-{
-    if (__atomic_load_n(&pool.started, __ATOMIC_ACQUIRE))
-        return;
-    pthread_mutex_lock(&pool.mu);
-    if (!pool.started) {
-        int want = (int)shim_cfg.copy_threads, cpus = online_cpus();
-        if (want > cpus)
-            want = cpus;
-        want -= 1;
-        if (want > MAX_WORKERS)
-            want = MAX_WORKERS;
-        __atomic_store_n(&pool.stop, 0, __ATOMIC_RELAXED);
-        int started = 0;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setstacksize(&attr, 256 * 1024);
-        /* The program's signal handlers must never run on the shim's threads. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        for (int i = 0; i < want; i++) {
-            if (pthread_create(&pool.tid[started], &attr, worker_main, NULL) != 0)
-                break;   /* fewer threads: slower, still correct */
-            pthread_setname_np(pool.tid[started], "pinshim-copy");
-            started++;
-        }
-        __atomic_store_n(&pool.nworkers, started, __ATOMIC_RELAXED);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        pthread_attr_destroy(&attr);
-        __atomic_store_n(&pool.started, 1, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&pool.mu);
-}
-
-/* Copy rows with the pool's help; the caller takes slices too and returns when all are done. */
-static void pool_copy(char *dst, size_t dpitch, const char *src, size_t spitch, size_t width,
-                      size_t rows)
-{
-    if (rows > 1 && dpitch == width && spitch == width) {
-        width *= rows;   /* contiguous on both sides: one row, split by bytes */
-        rows = 1;
-    }
-    struct copy_job job = { dst, src, dpitch, spitch, width, rows, 1, 0, 0, NULL };
-    size_t total = width * rows;
-    size_t min_slice = slice_min();
-    size_t n = total / min_slice;
-    size_t parts = (size_t)__atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) + 1;
-    if (n > parts)
-        n = parts;
-    if (rows > 1 && n > rows)
-        n = rows;
-    if (n <= 1) {
-        run_slice(&job, 0);
-        return;
-    }
-    job.nslices = (unsigned)n;
-    pthread_mutex_lock(&pool.mu);
-    /* Append: earlier jobs (another lane's) keep their place. */
-    struct copy_job **pp = &pool.jobs;
-    while (*pp)
-        pp = &(*pp)->link;
-    *pp = &job;
-    __atomic_store_n(&pool.gen, pool.gen + 1, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&pool.work_cv);
-    /* Only this job's slices: helping another lane's job would delay this pipeline. */
-    while (job.next < job.nslices) {
-        unsigned i = job.next++;
-        if (job.next == job.nslices) {
-            for (pp = &pool.jobs; *pp != &job; pp = &(*pp)->link)
-                ;
-            *pp = job.link;
-        }
-        pthread_mutex_unlock(&pool.mu);
-        run_slice(&job, i);
-        pthread_mutex_lock(&pool.mu);
-        slice_done(&job);
-    }
-    while (job.done < job.nslices)
-        pthread_cond_wait(&pool.done_cv, &pool.mu);
-    pthread_mutex_unlock(&pool.mu);
-}
 
 /* ---------------------------------------------------------------- lanes */
 
@@ -279,11 +70,16 @@ static unsigned lane_nbuf(void)
     return n < 2 ? 2 : n > MAX_BUFFERS ? MAX_BUFFERS : (unsigned)n;
 }
 
-/* Release everything a lane holds; its context is current and no DMA uses it. */
+/* Release everything a lane holds; its context is current.  The last DMAs of an H2D copy may
+ * still be reading its buffers: they are waited for first. */
 static void lane_destroy(struct lane *l, int registered, unsigned nev)
 {
-    for (unsigned i = 0; i < nev; i++)
+    for (unsigned i = 0; i < nev; i++) {
+        if (l->pending[i])
+            drv.cuEventSynchronize(l->ev[i]);
+        l->pending[i] = 0;
         drv.cuEventDestroy_v2(l->ev[i]);
+    }
     if (registered && real_hook[HOOK_cuMemHostUnregister])
         ((unregister_fn)real_hook[HOOK_cuMemHostUnregister])(l->mem);
     os_unmap(l->mem, l->len);
@@ -484,6 +280,26 @@ static char *piece_host(const struct stage_req *req, const struct piece *p)
 /* Outcome of a pipeline run. */
 enum { RUN_DONE, RUN_DECLINED };
 
+/* The CPU side of a piece: streaming stores where the other side is not read back soon, and
+ * pages faulted in by slice, in the copy threads, where the program's side may be new. */
+static unsigned pool_flags(enum copy_dir dir)
+{
+    unsigned f = shim_cfg.streaming_stores ? CPUPOOL_STREAM : 0;
+    return f | (dir == DIR_H2D ? CPUPOOL_FAULT_SRC : CPUPOOL_FAULT_DST);
+}
+
+/* Wait until no DMA uses buffer b of the lane: an earlier copy's (also another thread's: an
+ * H2D copy returns before its last DMAs are done). */
+static CUresult buffer_free(struct lane *l, unsigned b)
+{
+    if (!l->pending[b])
+        return CUDA_SUCCESS;
+    CUresult r = drv.cuEventSynchronize(l->ev[b]);
+    if (r == CUDA_SUCCESS)
+        l->pending[b] = 0;
+    return r;
+}
+
 /* Wait until no DMA of this copy uses the lane's buffers (after an error). */
 static void lane_drain(struct lane *l, CUstream s)
 {
@@ -494,24 +310,24 @@ static void lane_drain(struct lane *l, CUstream s)
     memset(l->pending, 0, sizeof l->pending);
 }
 
-/* H2D: chunk i goes through buffer i % nbuf; the CPU copy of chunk i overlaps the DMA of the
- * chunks before it.  Complete (synchronized) on return. */
-static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, CUresult *result)
+/* H2D: piece i goes through buffer i % nbuf; the CPU copy of piece i overlaps the DMA of the
+ * pieces before it.  Returns once every byte of the source is in a buffer and its DMA issued:
+ * the source is the program's again; the DMAs finish on the shim's stream (the caller orders
+ * the program's later work after them). */
+static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, size_t piece, CUresult *result)
 {
     struct cursor c;
     struct piece p;
-    cursor_init(&c, req->width, req->height, l->chunk);
+    cursor_init(&c, req->width, req->height, piece);
     CUresult r = CUDA_SUCCESS;
     unsigned seq = 0;
+    unsigned flags = pool_flags(DIR_H2D);
     while (cursor_next(&c, &p)) {
         unsigned b = seq % l->nbuf;
         char *buf = l->mem + (size_t)b * l->chunk;
-        if (l->pending[b]) {
-            if ((r = drv.cuEventSynchronize(l->ev[b])) != CUDA_SUCCESS)
-                goto fail;
-            l->pending[b] = 0;
-        }
-        pool_copy(buf, p.ncols, piece_host(req, &p), req->host_pitch, p.ncols, p.nrows);
+        if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
+            goto fail;
+        cpupool_copy(buf, p.ncols, piece_host(req, &p), req->host_pitch, p.ncols, p.nrows, flags);
         if ((r = piece_dma(req, &p, buf, s)) != CUDA_SUCCESS)
             goto fail;
         seq++;
@@ -519,11 +335,7 @@ static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, CUre
             goto fail;
         l->pending[b] = 1;
     }
-    /* Stronger than the original's "source read", invisible to the program: later work in
-     * any stream sees the data. */
-    r = drv.cuStreamSynchronize(s);
-    memset(l->pending, 0, sizeof l->pending);
-    *result = r;
+    *result = CUDA_SUCCESS;
     return RUN_DONE;
 fail:
     lane_drain(l, s);
@@ -533,18 +345,22 @@ fail:
     return RUN_DONE;
 }
 
-/* D2H: DMAs run up to nbuf ahead; as each completes its chunk is copied out by the pool. */
-static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, CUresult *result)
+/* D2H: DMAs run up to nbuf ahead; as each completes its piece is copied out by the pool.
+ * Complete on return (the program may read its memory at once). */
+static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size_t piece, CUresult *result)
 {
     struct cursor c;
     struct piece inflight[MAX_BUFFERS];
-    cursor_init(&c, req->width, req->height, l->chunk);
+    cursor_init(&c, req->width, req->height, piece);
     CUresult r = CUDA_SUCCESS;
     unsigned issued = 0, completed = 0;
+    unsigned flags = pool_flags(DIR_D2H);
     int more = 1;
     for (;;) {
         while (more && issued - completed < l->nbuf) {
             unsigned b = issued % l->nbuf;
+            if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
+                goto fail;
             if (!(more = cursor_next(&c, &inflight[b])))
                 break;
             if ((r = piece_dma(req, &inflight[b], l->mem + (size_t)b * l->chunk, s)) != CUDA_SUCCESS)
@@ -557,12 +373,11 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, CUre
         if (completed == issued)
             break;
         unsigned b = completed % l->nbuf;
-        if ((r = drv.cuEventSynchronize(l->ev[b])) != CUDA_SUCCESS)
+        if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
             goto fail;
-        l->pending[b] = 0;
         const struct piece *p = &inflight[b];
-        pool_copy(piece_host(req, p), req->host_pitch, l->mem + (size_t)b * l->chunk, p->ncols,
-                  p->ncols, p->nrows);
+        cpupool_copy(piece_host(req, p), req->host_pitch, l->mem + (size_t)b * l->chunk, p->ncols,
+                     p->ncols, p->nrows, flags);
         completed++;
     }
     *result = CUDA_SUCCESS;
@@ -573,6 +388,16 @@ fail:
         return RUN_DECLINED;
     *result = r;
     return RUN_DONE;
+}
+
+/* The size of a copy's pieces: a quarter of it, within [1 MiB, the buffer size], so that a copy
+ * of a few MiB still overlaps its CPU copies with its DMAs, and a large one keeps every buffer
+ * full. */
+static size_t piece_size(size_t total, size_t chunk)
+{
+    size_t lo = chunk < (1u << 20) ? chunk : (1u << 20);
+    size_t q = page_up(total / 4);
+    return q < lo ? lo : q > chunk ? chunk : q;
 }
 
 /* ---------------------------------------------------------------- interface */
@@ -649,6 +474,19 @@ static int request_ok(const struct stage_req *req, size_t *extent, size_t *host_
     return 1;
 }
 
+/* The copy threads go where the current device's DMA engine is (decided before their start). */
+static void prefer_local_cpus(void)
+{
+    static int asked;
+    CUdevice dev;
+    char bus_id[32];
+    if (__atomic_exchange_n(&asked, 1, __ATOMIC_RELAXED) || !drv.cuDeviceGetPCIBusId ||
+        drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+        drv.cuDeviceGetPCIBusId(bus_id, (int)sizeof bus_id, dev) != CUDA_SUCCESS)
+        return;
+    cpupool_prefer_device(bus_id);
+}
+
 int staging_copy(const struct stage_req *req, CUresult *result)
 {
     size_t extent, host_extent;
@@ -665,36 +503,44 @@ int staging_copy(const struct stage_req *req, CUresult *result)
         goto out;   /* the program's error, not a staging failure */
     if (!(l = lane_acquire(ss->ctx)))
         goto out;   /* busy or failed (counted inside) */
-    pool_start();
+    prefer_local_cpus();
     if (streams_order_after(ss, req->stream, req->flavour) != 0) {
         stats_add(STAT_STAGING_FAILURES, 1);
         goto out;
     }
-    /* A copy larger than the lane's buffers cannot be read whole at the call: later chunks are
+    size_t total = req->width * req->height;
+    size_t piece = piece_size(total, l->chunk);
+    /* A copy larger than the lane's buffers cannot be read whole at the call: later pieces are
      * read once the DMA of earlier ones is done, which the stream orders after the work queued
      * before the copy.  Such work (a host function, say) may rewrite the source, and the device
      * must get either all the bytes of the call or all the rewritten ones, never a mix: so it
      * is waited for before the first byte is read. */
-    if (req->dir == DIR_H2D && req->width * req->height > (size_t)l->nbuf * l->chunk &&
+    if (req->dir == DIR_H2D && total > (size_t)l->nbuf * piece &&
         drv.cuEventQuery(ss->order_event) == CUDA_ERROR_NOT_READY) {
         uint64_t w0 = shim_now_ns();
         drv.cuEventSynchronize(ss->order_event);
         stats_add(STAT_ORDERING_WAIT_NS, shim_now_ns() - w0);
     }
-    /* Contiguous on both sides: one long row, cut in full chunks. */
+    /* Contiguous on both sides: one long row, cut in full pieces. */
     struct stage_req flat = *req;
     if (flat.height > 1 && flat.host_pitch == flat.width && flat.dev_pitch == flat.width) {
         flat.width *= flat.height;
         flat.height = 1;
     }
     nvtx_push("pinshim staged copy");
-    int run = flat.dir == DIR_H2D ? run_h2d(&flat, l, ss->stream, result)
-                                  : run_d2h(&flat, l, ss->stream, result);
+    int run = flat.dir == DIR_H2D ? run_h2d(&flat, l, ss->stream, piece, result)
+                                  : run_d2h(&flat, l, ss->stream, piece, result);
     nvtx_pop();
     if (run == RUN_DECLINED) {
         stats_add(STAT_STAGING_FAILURES, 1);
         goto out;
     }
+    /* H2D: the last DMAs are still running.  The program's later work on its stream (for the
+     * legacy stream: in every blocking stream too) is ordered after them, as it would be after
+     * the original call's own DMA; where that cannot be arranged, they are waited for. */
+    if (flat.dir == DIR_H2D && *result == CUDA_SUCCESS &&
+        streams_program_waits(ss, req->stream, req->flavour) != 0)
+        *result = drv.cuStreamSynchronize(ss->stream);
     staged = 1;
 out:
     if (l)
@@ -709,39 +555,17 @@ out:
 
 void staging_shutdown(void)
 {
+    cpupool_shutdown();
     if (shim_forked_child) {
-        /* The child has none of the parent's threads, and must not touch the driver: forget
-         * the pool and the lanes (their locks may have been held by threads that are gone),
-         * and give the buffers' pages back. */
-        pthread_mutex_init(&pool.mu, NULL);
-        pthread_cond_init(&pool.work_cv, NULL);
-        pthread_cond_init(&pool.done_cv, NULL);
-        pool.jobs = NULL;
-        __atomic_store_n(&pool.nworkers, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&pool.stop, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&pool.started, 0, __ATOMIC_RELEASE);
+        /* The child must not touch the driver: forget the lanes (their lock may have been held
+         * by a thread that is gone) and give the buffers' pages back. */
         pthread_mutex_init(&lanes_mu, NULL);
         for (int i = 0; i < MAX_LANES; i++) {
             if (lanes[i].state == LANE_READY)
                 os_unmap(lanes[i].mem, lanes[i].len);
             memset(&lanes[i], 0, sizeof lanes[i]);
         }
-        return;
     }
-    /* Lanes stay: at exit the process's end releases them, and reg_changing then could race
-     * the driver's own teardown.  Only the threads stop. */
-    pthread_mutex_lock(&pool.mu);
-    int n = pool.started ? __atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) : 0;
-    __atomic_store_n(&pool.stop, 1, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&pool.work_cv);
-    pthread_mutex_unlock(&pool.mu);
-    shim_enter();
-    for (int i = 0; i < n; i++)
-        pthread_join(pool.tid[i], NULL);
-    shim_leave();
-    pthread_mutex_lock(&pool.mu);
-    __atomic_store_n(&pool.nworkers, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&pool.stop, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&pool.started, 0, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&pool.mu);
+    /* Lanes stay at exit: the process's end releases them, and unregistering then could race
+     * the driver's own teardown. */
 }

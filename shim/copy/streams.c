@@ -29,10 +29,12 @@ static void destroy_thread_streams(void *arg)
         shim_enter();
         for (int i = 0; i < ts->used; i++) {
             struct shim_stream *ss = &ts->slot[i];
-            /* Copies on it were all waited for before their calls returned. */
+            /* A stream with work still queued (a staged copy's last DMA) is released once the
+             * device has done it. */
             drv.cuStreamDestroy_v2(ss->stream);
             drv.cuEventDestroy_v2(ss->order_event);
             drv.cuEventDestroy_v2(ss->done_event);
+            drv.cuEventDestroy_v2(ss->after_event);
         }
         shim_leave();
     }
@@ -77,6 +79,12 @@ struct shim_stream *streams_current(void)
         drv.cuEventDestroy_v2(ss->order_event);
         goto fail;
     }
+    if (drv.cuEventCreate(&ss->after_event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+        drv.cuStreamDestroy_v2(ss->stream);
+        drv.cuEventDestroy_v2(ss->order_event);
+        drv.cuEventDestroy_v2(ss->done_event);
+        goto fail;
+    }
     ts->used++;
     return ss;
 fail:
@@ -109,6 +117,16 @@ int streams_wait_copy(struct shim_stream *ss, CUstream stream, enum hook_flavour
     if (record_as_program(ss->done_event, stream, flavour) != CUDA_SUCCESS)
         return -1;
     return drv.cuEventSynchronize(ss->done_event) == CUDA_SUCCESS ? 0 : -1;
+}
+
+int streams_program_waits(struct shim_stream *ss, CUstream stream, enum hook_flavour flavour)
+{
+    if (drv.cuEventRecord(ss->after_event, ss->stream) != CUDA_SUCCESS)
+        return -1;
+    /* The per-thread default stream by its explicit handle, through the legacy entry point. */
+    if (flavour == PTDS && stream == 0)
+        stream = CU_STREAM_PER_THREAD;
+    return drv.cuStreamWaitEvent(stream, ss->after_event, 0) == CUDA_SUCCESS ? 0 : -1;
 }
 
 void streams_forget_all(void)

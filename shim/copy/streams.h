@@ -10,6 +10,7 @@ struct shim_stream {
     CUstream stream;      /* CU_STREAM_NON_BLOCKING: copies of different threads never serialize */
     CUevent order_event;  /* recorded where the original copy would have waited */
     CUevent done_event;   /* recorded after a copy the call must see finished */
+    CUevent after_event;  /* recorded after the shim's own work that later program work needs */
 };
 
 /* For the calling thread's current context; NULL when there is none or creation failed (the
@@ -24,6 +25,11 @@ int streams_order_after(struct shim_stream *ss, CUstream stream, enum hook_flavo
 /* Record done_event on `stream` (as the program named it, with its flavour) and wait for it:
  * the copy just issued there has finished.  Returns 0 on success. */
 int streams_wait_copy(struct shim_stream *ss, CUstream stream, enum hook_flavour flavour);
+
+/* Make the program's `stream` (as named, with its flavour) wait, on the device, for the work
+ * issued so far on ss->stream: later work there (and, for the legacy stream, in every blocking
+ * stream) sees what that work did, as it would have seen the original copy's.  0 on success. */
+int streams_program_waits(struct shim_stream *ss, CUstream stream, enum hook_flavour flavour);
 
 /* Forget every stream and event without destroying them (the child after fork). */
 void streams_forget_all(void);

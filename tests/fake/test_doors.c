@@ -1,7 +1,9 @@
 /* Every door to the driver: direct linking, dlsym on a libcuda handle, and cuGetProcAddress
  * by base name with the legacy and per-thread flags, as the CUDA runtime does.  Each door must
  * hand back exactly the variant asked for (checked with the fake's per-symbol call counters),
- * and the data must survive.  The last line tells the runner how many copies of each direction
+ * and the data must survive.  The lookups' copies use memory the program pinned, which the shim
+ * passes to the entry point it was called through (pageable memory it may stage through copies
+ * of its own, and the counters would count those).  The last line tells the runner how many copies of each direction
  * were issued (in observe mode the shim's JSON must count exactly those), and how often each copy
  * entry point was called (in every mode the JSON's entry_points must match). */
 #include <dlfcn.h>
@@ -17,7 +19,9 @@ int main(void)
 {
     drvtest_init();
     const size_t n = 1 << 20;
-    unsigned char *host = malloc(n), *back = malloc(n);
+    unsigned char *host = malloc(n), *back = malloc(n), *pin_host, *pin_back;
+    CU(cuMemHostAlloc((void **)&pin_host, n, 0));
+    CU(cuMemHostAlloc((void **)&pin_back, n, 0));
     CUdeviceptr dev, dev2;
     CU(cuMemAlloc(&dev, n));
     CU(cuMemAlloc(&dev2, n));
@@ -60,8 +64,8 @@ int main(void)
      * way it must be a legacy-variant call, never the per-thread one. */
     unsigned long legacy_before = fakecuda_calls("cuMemcpyHtoD_v2") + fakecuda_calls("cuMemcpyHtoDAsync_v2");
     unsigned long ptds_htod_before = fakecuda_calls("cuMemcpyHtoD_v2_ptds");
-    fill_pattern(host, n, 3);
-    CU(htod(dev, host, n)); h2d++; e_htod++;
+    fill_pattern(pin_host, n, 3);
+    CU(htod(dev, pin_host, n)); h2d++; e_htod++;
     CHECKF(fakecuda_calls("cuMemcpyHtoD_v2") + fakecuda_calls("cuMemcpyHtoDAsync_v2") == legacy_before + 1 &&
            fakecuda_calls("cuMemcpyHtoD_v2_ptds") == ptds_htod_before, "flags 0 reach the legacy cuMemcpyHtoD_v2");
 
@@ -69,16 +73,16 @@ int main(void)
     CU(gpa("cuMemcpyDtoH", &fn, 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
     dtoh = (PFN_cuMemcpyDtoH_v3020)fn;
     unsigned long ptds_before = fakecuda_calls("cuMemcpyDtoH_v2_ptds");
-    memset(back, 0, n);
-    CU(dtoh(back, dev, n)); d2h++; e_dtoh_ptds++;
+    memset(pin_back, 0, n);
+    CU(dtoh(pin_back, dev, n)); d2h++; e_dtoh_ptds++;
     CHECKF(fakecuda_calls("cuMemcpyDtoH_v2_ptds") == ptds_before + 1, "flag 2 reaches cuMemcpyDtoH_v2_ptds");
-    CHECK(check_pattern(back, n, 3));
+    CHECK(check_pattern(pin_back, n, 3));
 
     CU(gpa("cuMemcpyHtoDAsync", &fn, 7000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status));
     PFN_cuMemcpyHtoDAsync_v3020 htod_async = (PFN_cuMemcpyHtoDAsync_v3020)fn;
     unsigned long ptsz_before = fakecuda_calls("cuMemcpyHtoDAsync_v2_ptsz");
-    fill_pattern(host, n, 4);
-    CU(htod_async(dev, host, n, 0)); h2d++; e_htod_async_ptsz++;
+    fill_pattern(pin_host, n, 4);
+    CU(htod_async(dev, pin_host, n, 0)); h2d++; e_htod_async_ptsz++;
     CHECKF(fakecuda_calls("cuMemcpyHtoDAsync_v2_ptsz") == ptsz_before + 1, "flag 2 reaches cuMemcpyHtoDAsync_v2_ptsz");
     CU(cuStreamSynchronize(CU_STREAM_PER_THREAD));
     memset(back, 0, n);
@@ -112,6 +116,8 @@ int main(void)
     cuMemFree(dev2);
     free(host);
     free(back);
+    cuMemFreeHost(pin_host);
+    cuMemFreeHost(pin_back);
     printf("EXPECTED_COPIES h2d=%lu d2h=%lu d2d=%lu\n", h2d, d2h, d2d);
     printf("EXPECTED_ENTRIES cuMemcpyHtoD_v2=%lu cuMemcpyDtoH_v2=%lu cuMemcpyDtoD_v2=%lu cuMemcpy=%lu "
            "cuMemcpyDtoH_v2_ptds=%lu cuMemcpyHtoDAsync_v2_ptsz=%lu cuMemcpy2D_v2=%lu "

@@ -170,10 +170,11 @@ static void test_defaults(void)
     CHECK(shim_cfg.budget == phys / 100 * 25 + phys % 100 * 25 / 100);
     CHECK(shim_cfg.node_budget == 0);
     CHECK(shim_cfg.rewrite_min == 256 * KB);
-    CHECK(shim_cfg.staging_min == 4 * MB);
+    CHECK(shim_cfg.staging_min == 1 * MB);
     CHECK(shim_cfg.staging_chunk == 16 * MB);
     CHECK(shim_cfg.staging_buffers == 3);
-    CHECK(shim_cfg.copy_threads == 8);
+    CHECK(shim_cfg.copy_threads == 0);   /* the CPUs local to the GPU */
+    CHECK(shim_cfg.streaming_stores);
     CHECK(shim_cfg.bw_h2d_pageable == 9000);
     CHECK(shim_cfg.bw_d2h_pageable == 11000);
     CHECK(shim_cfg.bw_pinned == 54000);
@@ -267,10 +268,10 @@ static void test_bad_values(void)
     expect_one_warning("PINSHIM_STAGING_CHUNK", "32K", "16M");
     expect_one_warning("PINSHIM_STAGING_BUFFERS", "1", "3");
     expect_one_warning("PINSHIM_STAGING_BUFFERS", "9", "3");
-    expect_one_warning("PINSHIM_COPY_THREADS", "0", "8");
-    expect_one_warning("PINSHIM_COPY_THREADS", "65", "8");
-    expect_one_warning("PINSHIM_COPY_THREADS", "8K", "8");
-    CHECK(shim_cfg.copy_threads == 8);
+    CHECK(load_one("PINSHIM_COPY_THREADS", "0") == 0 && shim_cfg.copy_threads == 0);
+    expect_one_warning("PINSHIM_COPY_THREADS", "65", "0");
+    expect_one_warning("PINSHIM_COPY_THREADS", "8K", "0");
+    CHECK(shim_cfg.copy_threads == 0);
     expect_one_warning("PINSHIM_BW_PINNED", "0", "54000");
     expect_one_warning("PINSHIM_BW_PINNED", "1000001", "54000");
     expect_one_warning("PINSHIM_REGISTER_FAULT_COST", "100000001", "360000");
@@ -374,7 +375,7 @@ static void test_print_table(void)
     CHECK(good == lines);
     CHECK(strstr(captured, "PINSHIM_MIN_SIZE|64K|4K..1T|bytes|") != NULL);
     CHECK(strstr(captured, "PINSHIM_BUDGET|25%|0..1024T or 0%..100%|") != NULL);
-    CHECK(strstr(captured, "PINSHIM_COPY_THREADS|8|1..64|threads|") != NULL);
+    CHECK(strstr(captured, "PINSHIM_COPY_THREADS|0|0..64|threads|") != NULL);
     CHECK(strstr(captured, "PINSHIM_REPORT|\"\"|") != NULL);
 }
 

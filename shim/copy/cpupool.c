@@ -1,0 +1,414 @@
+/* The CPU copy threads (see cpupool.h).
+ *
+ * A job is one copy; it is cut into slices, one per thread at most, never smaller than
+ * SLICE_MIN (splitting less costs more in wake-ups than it gains).  Workers take slices of the
+ * oldest job; the job's owner takes only its own job's slices (helping another pipeline's job
+ * would delay its own) and returns when all are done.  Idle workers spin briefly before
+ * sleeping: in a pipeline the next job follows within microseconds. */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include "base/config.h"
+#include "base/os.h"
+#include "base/real.h"
+#include "base/shim.h"
+#include "copy/cpupool.h"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+#define MAX_WORKERS 63           /* PINSHIM_COPY_THREADS <= 64, the caller is one of them */
+#define AUTO_THREADS_MAX 16      /* "auto": the GPU's local CPUs, at most this many */
+#define WORKER_SPIN_NS 50000ull
+#define SLICE_MIN (64u << 10)
+
+struct copy_job {
+    char *dst;
+    const char *src;
+    size_t dpitch, spitch, width, rows;
+    unsigned flags;
+    unsigned nslices, next, done;
+    struct copy_job *link;       /* pool.jobs: jobs with slices not yet taken */
+};
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    struct copy_job *jobs;
+    unsigned gen;                /* bumped per job, read unlocked by spinning workers */
+    int stop;
+    int started;
+    int nworkers;
+    pthread_t tid[MAX_WORKERS];
+} pool = { .mu = PTHREAD_MUTEX_INITIALIZER, .work_cv = PTHREAD_COND_INITIALIZER,
+           .done_cv = PTHREAD_COND_INITIALIZER };
+
+static char device_bus_id[32];
+static int populate_broken;      /* the kernel has no MADV_POPULATE_* (before Linux 5.14) */
+
+/* ---- copying one slice ---- */
+
+static void copy_plain(char *dst, const char *src, size_t n)
+{
+    /* The C library's memcpy itself: the shim's own memcpy export is for the program. */
+    if (SHIM_LIKELY(libc.memcpy != NULL))
+        libc.memcpy(dst, src, n);
+    else
+        __builtin_memcpy(dst, src, n);
+}
+
+#if defined(__x86_64__)
+/* Streaming stores: the destination's lines are written without being read first (no
+ * read-for-ownership), a third less memory traffic for a copy that is bound by it. */
+static void copy_stream(char *dst, const char *src, size_t n)
+{
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (head > n)
+        head = n;
+    copy_plain(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    size_t blocks = n / 64;
+    for (size_t i = 0; i < blocks; i++) {
+        __m128i a = _mm_loadu_si128((const __m128i *)src);
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+        src += 64;
+        dst += 64;
+    }
+    _mm_sfence();   /* ordered before whoever learns the slice is done */
+    copy_plain(dst, src, n % 64);
+}
+#else
+static void copy_stream(char *dst, const char *src, size_t n)
+{
+    copy_plain(dst, src, n);
+}
+#endif
+
+/* Fault in the pages of [p, p+n) in one call if the first one is not resident. */
+static void populate(const char *p, size_t n, int advice)
+{
+    if (__atomic_load_n(&populate_broken, __ATOMIC_RELAXED) || !n)
+        return;
+    uintptr_t start = page_down((uintptr_t)p), end = page_up((uintptr_t)p + n);
+    if (os_resident_bytes(start, SHIM_PAGE_SIZE) != 0)
+        return;
+    if (os_madvise((void *)start, end - start, advice) != 0 && errno == EINVAL)
+        __atomic_store_n(&populate_broken, 1, __ATOMIC_RELAXED);
+}
+
+void cpupool_copy_here(void *dst, const void *src, size_t n, unsigned flags)
+{
+    if (flags & CPUPOOL_FAULT_SRC)
+        populate(src, n, MADV_POPULATE_READ);
+    if (flags & CPUPOOL_FAULT_DST)
+        populate(dst, n, MADV_POPULATE_WRITE);
+    if (flags & CPUPOOL_STREAM)
+        copy_stream(dst, src, n);
+    else
+        copy_plain(dst, src, n);
+}
+
+static void run_slice(const struct copy_job *j, unsigned i)
+{
+    if (j->rows == 1) {
+        /* Slices of whole 64-byte lines, so that streaming stores meet at line boundaries. */
+        size_t per = ((j->width + j->nslices - 1) / j->nslices + 63) & ~(size_t)63;
+        size_t off = (size_t)i * per;
+        if (off < j->width)
+            cpupool_copy_here(j->dst + off, j->src + off, j->width - off < per ? j->width - off : per, j->flags);
+        return;
+    }
+    size_t per = (j->rows + j->nslices - 1) / j->nslices;
+    size_t r0 = (size_t)i * per, r1 = r0 + per < j->rows ? r0 + per : j->rows;
+    for (size_t r = r0; r < r1; r++)
+        cpupool_copy_here(j->dst + r * j->dpitch, j->src + r * j->spitch, j->width, j->flags);
+}
+
+/* ---- the threads ---- */
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Take one slice of the first job with slices left; pool.mu held.  -1 when none. */
+static long take_slice(struct copy_job **out)
+{
+    struct copy_job *j = pool.jobs;
+    if (!j)
+        return -1;
+    unsigned i = j->next++;
+    if (j->next == j->nslices)
+        pool.jobs = j->link;
+    *out = j;
+    return i;
+}
+
+/* A slice finished; pool.mu held.  After the last one the owner may free the job at once, so
+ * nobody touches it after this. */
+static void slice_done(struct copy_job *j)
+{
+    if (++j->done == j->nslices)
+        pthread_cond_broadcast(&pool.done_cv);
+}
+
+static void *worker_main(void *arg)
+{
+    shim_enter();   /* anything this thread allocates bypasses the hooks; never left */
+    pthread_mutex_lock(&pool.mu);
+    for (;;) {
+        if (__atomic_load_n(&pool.stop, __ATOMIC_RELAXED))
+            break;
+        struct copy_job *j;
+        long i = take_slice(&j);
+        if (i >= 0) {
+            pthread_mutex_unlock(&pool.mu);
+            run_slice(j, (unsigned)i);
+            pthread_mutex_lock(&pool.mu);
+            slice_done(j);
+            continue;
+        }
+        unsigned gen = pool.gen;
+        pthread_mutex_unlock(&pool.mu);
+        uint64_t t0 = shim_now_ns();
+        int changed = 0;
+        for (unsigned n = 0; !changed; n++) {
+            changed = __atomic_load_n(&pool.gen, __ATOMIC_ACQUIRE) != gen ||
+                      __atomic_load_n(&pool.stop, __ATOMIC_ACQUIRE);
+            if ((n & 63) == 63 && shim_now_ns() - t0 > WORKER_SPIN_NS)
+                break;
+            cpu_relax();
+        }
+        pthread_mutex_lock(&pool.mu);
+        if (!changed && pool.gen == gen && !__atomic_load_n(&pool.stop, __ATOMIC_RELAXED))
+            pthread_cond_wait(&pool.work_cv, &pool.mu);
+    }
+    pthread_mutex_unlock(&pool.mu);
+    return arg;
+}
+
+void cpupool_prefer_device(const char *pci_bus_id)
+{
+    if (__atomic_load_n(&pool.started, __ATOMIC_ACQUIRE) || !pci_bus_id)
+        return;
+    pthread_mutex_lock(&pool.mu);
+    if (!pool.started && !device_bus_id[0]) {
+        size_t i = 0;
+        for (; pci_bus_id[i] && i + 1 < sizeof device_bus_id; i++)
+            device_bus_id[i] = (char)tolower((unsigned char)pci_bus_id[i]);
+        device_bus_id[i] = '\0';
+    }
+    pthread_mutex_unlock(&pool.mu);
+}
+
+/* The CPUs sysfs names as local to the device, within the ones this process may use; 0 when
+ * unknown.  The list reads like "0-7,16-23". */
+static int device_cpus(cpu_set_t *out)
+{
+    if (!device_bus_id[0])
+        return 0;
+    char path[96], text[512];
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/local_cpulist", device_bus_id);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t len = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (len <= 0)
+        return 0;
+    text[len] = '\0';
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        return 0;
+    CPU_ZERO(out);
+    for (char *p = text; *p && *p != '\n';) {
+        char *end;
+        long a = strtol(p, &end, 10), b = a;
+        if (end == p)
+            break;
+        if (*end == '-') {
+            p = end + 1;
+            b = strtol(p, &end, 10);
+            if (end == p)
+                break;
+        }
+        for (long c = a; c <= b && c < CPU_SETSIZE; c++)
+            if (c >= 0 && CPU_ISSET((int)c, &allowed))
+                CPU_SET((int)c, out);
+        if (*end != ',')
+            break;
+        p = end + 1;
+    }
+    return CPU_COUNT(out);
+}
+
+static int usable_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* Start the workers once.  PINSHIM_COPY_THREADS counts the calling thread (1: no pool); 0 means
+ * the CPUs local to the GPU, at most AUTO_THREADS_MAX. */
+static void pool_start(void)
+{
+    if (__atomic_load_n(&pool.started, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&pool.mu);
+    if (!pool.started) {
+        cpu_set_t local;
+        int nlocal = device_cpus(&local), cpus = usable_cpus();
+        int want = (int)shim_cfg.copy_threads;
+        if (want == 0)
+            want = nlocal ? nlocal : cpus;
+        if (want > cpus)
+            want = cpus;
+        if (shim_cfg.copy_threads == 0 && want > AUTO_THREADS_MAX)
+            want = AUTO_THREADS_MAX;
+        want -= 1;
+        if (want > MAX_WORKERS)
+            want = MAX_WORKERS;
+        __atomic_store_n(&pool.stop, 0, __ATOMIC_RELAXED);
+        int started = 0;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        /* Near the GPU: the DMA engine reads and writes the staging buffers from there. */
+        if (nlocal && nlocal < cpus)
+            pthread_attr_setaffinity_np(&attr, sizeof local, &local);
+        /* The program's signal handlers must never run on the shim's threads. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        for (int i = 0; i < want; i++) {
+            if (pthread_create(&pool.tid[started], &attr, worker_main, NULL) != 0)
+                break;   /* fewer threads: slower, still correct */
+            pthread_setname_np(pool.tid[started], "pinshim-copy");
+            started++;
+        }
+        __atomic_store_n(&pool.nworkers, started, __ATOMIC_RELAXED);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
+        __atomic_store_n(&pool.started, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&pool.mu);
+}
+
+int cpupool_workers(void)
+{
+    return __atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED);
+}
+
+int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                 unsigned flags)
+{
+    if (rows > 1 && dpitch == width && spitch == width) {
+        width *= rows;   /* contiguous on both sides: one row, split by bytes */
+        rows = 1;
+    }
+    pool_start();
+    struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags, 1, 0, 0, NULL };
+    size_t total = width * rows;
+    /* Small copies in four at most, large ones in slices of at least SLICE_MIN. */
+    size_t min_slice = total < 16 * SLICE_MIN ? (total / 4 > 4096 ? total / 4 : 4096) : SLICE_MIN;
+    size_t n = total / min_slice;
+    size_t parts = (size_t)__atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) + 1;
+    if (n > parts)
+        n = parts;
+    if (rows > 1 && n > rows)
+        n = rows;
+    if (n <= 1) {
+        run_slice(&job, 0);
+        return 1;
+    }
+    job.nslices = (unsigned)n;
+    pthread_mutex_lock(&pool.mu);
+    if ((flags & CPUPOOL_TRY) && pool.jobs) {
+        pthread_mutex_unlock(&pool.mu);
+        return 0;
+    }
+    /* Append: earlier jobs (another pipeline's) keep their place. */
+    struct copy_job **pp = &pool.jobs;
+    while (*pp)
+        pp = &(*pp)->link;
+    *pp = &job;
+    __atomic_store_n(&pool.gen, pool.gen + 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&pool.work_cv);
+    while (job.next < job.nslices) {
+        unsigned i = job.next++;
+        if (job.next == job.nslices) {
+            for (pp = &pool.jobs; *pp != &job; pp = &(*pp)->link)
+                ;
+            *pp = job.link;
+        }
+        pthread_mutex_unlock(&pool.mu);
+        run_slice(&job, i);
+        pthread_mutex_lock(&pool.mu);
+        slice_done(&job);
+    }
+    while (job.done < job.nslices)
+        pthread_cond_wait(&pool.done_cv, &pool.mu);
+    pthread_mutex_unlock(&pool.mu);
+    return 1;
+}
+
+void cpupool_shutdown(void)
+{
+    if (shim_forked_child) {
+        /* None of the parent's threads exist here; their lock may have been held. */
+        pthread_mutex_init(&pool.mu, NULL);
+        pthread_cond_init(&pool.work_cv, NULL);
+        pthread_cond_init(&pool.done_cv, NULL);
+        pool.jobs = NULL;
+        __atomic_store_n(&pool.nworkers, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&pool.stop, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&pool.started, 0, __ATOMIC_RELEASE);
+        return;
+    }
+    pthread_mutex_lock(&pool.mu);
+    int n = pool.started ? __atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) : 0;
+    __atomic_store_n(&pool.stop, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&pool.work_cv);
+    pthread_mutex_unlock(&pool.mu);
+    shim_enter();
+    for (int i = 0; i < n; i++)
+        pthread_join(pool.tid[i], NULL);
+    shim_leave();
+    pthread_mutex_lock(&pool.mu);
+    __atomic_store_n(&pool.nworkers, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool.stop, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool.started, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&pool.mu);
+}
