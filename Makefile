@@ -40,9 +40,12 @@ shim: $(BUILD)/libpinshim.so
 fake: $(FAKE_LIB)
 tests: $(UNIT_BINS) $(FAKE_TEST_BINS) $(BENCH_CPU_BINS) $(BENCH_FAKE_BINS)
 
+# The library exports memcpy and memmove: its own calls (the compiler's too) go to the C
+# library's under other names (base/libc_calls.h), except in the two files that define them.
+STRING_OBJS := $(BUILD)/obj/base/libc_string.o $(BUILD)/obj/hook/bounce_hooks.o
 $(BUILD)/obj/%.o: shim/%.c $(SHIM_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(SHIM_CFLAGS) -c $< -o $@
+	$(CC) $(SHIM_CFLAGS) $(if $(filter $@,$(STRING_OBJS)),,-include base/libc_calls.h) -c $< -o $@
 
 $(BUILD)/libpinshim.so: $(SHIM_OBJS) shim/hook/exports.map
 	$(CC) $(SHIM_CFLAGS) -shared -o $@ $(SHIM_OBJS) -Wl,--version-script=shim/hook/exports.map -Wl,-z,now -ldl -lrt

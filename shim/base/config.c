@@ -42,6 +42,8 @@ struct setting {
     uint64_t min, max;
     const char *unit;
     const char *description;
+    const char *const *names;     /* KIND_ENUM: the value names, in the enum's order */
+    unsigned nnames;
 };
 
 /* A setting's field must have the C type its kind stores, or the parser would write the wrong
@@ -49,6 +51,7 @@ struct setting {
 #define FIELD_TYPE_MATCHES(kind, field)                                                  \
     _Generic(&((struct shim_config *)0)->field,                                          \
         enum shim_mode *: KIND_##kind == KIND_ENUM,                                      \
+        enum bounce_mode *: KIND_##kind == KIND_ENUM,                                    \
         uint64_t *: (KIND_##kind == KIND_SIZE || KIND_##kind == KIND_SIZE_PCT ||         \
                      KIND_##kind == KIND_UINT),                                          \
         bool *: KIND_##kind == KIND_BOOL,                                                \
@@ -56,21 +59,36 @@ struct setting {
         default: 0)
 #define SETTING(NAME, kind, field, default_text, min, max, unit, description)            \
     _Static_assert(FIELD_TYPE_MATCHES(kind, field), #NAME ": field type does not fit its kind");
+/* The parser stores an enum setting as an int. */
+_Static_assert(sizeof(enum shim_mode) == sizeof(int) && sizeof(enum bounce_mode) == sizeof(int),
+               "enum settings are int-sized");
 #include "base/settings.def"
 #undef SETTING
-
-static const struct setting settings[] = {
-#define SETTING(NAME, kind, field, default_text, min, max, unit, description)            \
-    { #NAME, KIND_##kind, offsetof(struct shim_config, field),                           \
-      sizeof(((struct shim_config *)0)->field), default_text, min, max, unit, description },
-#include "base/settings.def"
-#undef SETTING
-};
-#define SETTING_COUNT (sizeof(settings) / sizeof(settings[0]))
 
 static const char *const mode_names[] = {
     [MODE_OFF] = "off", [MODE_OBSERVE] = "observe", [MODE_PIN] = "pin", [MODE_FULL] = "full",
 };
+static const char *const bounce_names[] = {
+    [BOUNCE_OFF] = "off", [BOUNCE_PINNED] = "pinned", [BOUNCE_ALL] = "all",
+};
+/* An enum setting's names, by its field's type. */
+#define ENUM_NAMES(field)                                                                \
+    _Generic(&((struct shim_config *)0)->field,                                          \
+        enum shim_mode *: mode_names, enum bounce_mode *: bounce_names, default: NULL)
+#define ENUM_COUNT(field)                                                                \
+    _Generic(&((struct shim_config *)0)->field,                                          \
+        enum shim_mode *: sizeof mode_names / sizeof mode_names[0],                      \
+        enum bounce_mode *: sizeof bounce_names / sizeof bounce_names[0], default: 0)
+
+static const struct setting settings[] = {
+#define SETTING(NAME, kind, field, default_text, min, max, unit, description)            \
+    { #NAME, KIND_##kind, offsetof(struct shim_config, field),                           \
+      sizeof(((struct shim_config *)0)->field), default_text, min, max, unit, description, \
+      ENUM_NAMES(field), (unsigned)ENUM_COUNT(field) },
+#include "base/settings.def"
+#undef SETTING
+};
+#define SETTING_COUNT (sizeof(settings) / sizeof(settings[0]))
 
 const char *config_mode_name(enum shim_mode m)
 {
@@ -165,15 +183,20 @@ int config_parse_bool(const char *text, bool *out)
     return -1;
 }
 
-static int parse_mode(const char *text, enum shim_mode *out)
+/* The index of text among an enum setting's names (any letter case), or -1. */
+static int parse_enum(const char *text, const struct setting *s)
 {
-    for (unsigned m = 0; m < sizeof(mode_names) / sizeof(mode_names[0]); m++) {
-        if (!strcasecmp(text, mode_names[m])) {
-            *out = (enum shim_mode)m;
-            return 0;
-        }
-    }
+    for (unsigned m = 0; m < s->nnames; m++)
+        if (!strcasecmp(text, s->names[m]))
+            return (int)m;
     return -1;
+}
+
+const char *config_bounce_name(enum bounce_mode m)
+{
+    if ((unsigned)m < sizeof(bounce_names) / sizeof(bounce_names[0]))
+        return bounce_names[m];
+    return "unknown";
 }
 
 uint64_t config_physical_memory(void)
@@ -194,13 +217,14 @@ static int apply_value(const struct setting *s, const char *text, uint64_t phys_
     char *field = (char *)&shim_cfg + s->offset;
     uint64_t v;
     bool b;
-    enum shim_mode m;
+    int m;
 
     switch (s->kind) {
     case KIND_ENUM:
-        if (parse_mode(text, &m) != 0)
+        /* Every enum field is an int-sized C enum (checked by FIELD_TYPE_MATCHES' types). */
+        if ((m = parse_enum(text, s)) < 0)
             return -1;
-        *(enum shim_mode *)field = m;
+        *(int *)field = m;
         return 0;
     case KIND_BOOL:
         if (config_parse_bool(text, &b) != 0)
@@ -256,9 +280,13 @@ static void format_range(const struct setting *s, char *buf, size_t bufsz)
 {
     char lo[32], hi[32];
     switch (s->kind) {
-    case KIND_ENUM:
-        snprintf(buf, bufsz, "off, observe, pin, full");
+    case KIND_ENUM: {
+        size_t o = 0;
+        buf[0] = '\0';
+        for (unsigned m = 0; m < s->nnames && o < bufsz; m++)
+            o += (size_t)snprintf(buf + o, bufsz - o, "%s%s", m ? ", " : "", s->names[m]);
         return;
+    }
     case KIND_BOOL:
         snprintf(buf, bufsz, "0/1, yes/no, true/false, on/off");
         return;

@@ -7,6 +7,8 @@
 #include <stdbool.h>
 
 enum shim_mode { MODE_OFF, MODE_OBSERVE, MODE_PIN, MODE_FULL };
+/* PINSHIM_BOUNCE: which large memcpy/memmove calls the copy threads share. */
+enum bounce_mode { BOUNCE_OFF, BOUNCE_PINNED, BOUNCE_ALL };
 
 struct shim_config {
     enum shim_mode mode;
@@ -20,6 +22,8 @@ struct shim_config {
     uint64_t staging_buffers;     /* PINSHIM_STAGING_BUFFERS */
     uint64_t copy_threads;        /* PINSHIM_COPY_THREADS; 0 = the CPUs local to the GPU */
     bool streaming_stores;        /* PINSHIM_STREAMING_STORES */
+    enum bounce_mode bounce;      /* PINSHIM_BOUNCE */
+    uint64_t bounce_min;          /* PINSHIM_BOUNCE_MIN */
     uint64_t bw_h2d_pageable;     /* PINSHIM_BW_H2D_PAGEABLE, MB/s */
     uint64_t bw_d2h_pageable;     /* PINSHIM_BW_D2H_PAGEABLE, MB/s */
     uint64_t bw_pinned;           /* PINSHIM_BW_PINNED, MB/s */
@@ -46,6 +50,7 @@ int config_parse_size_or_percent(const char *text, uint64_t total, uint64_t *out
 int config_parse_uint(const char *text, uint64_t *out);
 int config_parse_bool(const char *text, bool *out);               /* 0/1, yes/no, on/off, true/false */
 const char *config_mode_name(enum shim_mode m);
+const char *config_bounce_name(enum bounce_mode m);
 
 /* Physical memory in bytes (for percentages). */
 uint64_t config_physical_memory(void);

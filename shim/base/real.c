@@ -5,6 +5,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <string.h>
+#include "base/libc_string.h"
 #include "base/real.h"
 #include "base/shim.h"
 
@@ -49,7 +50,13 @@ void real_libc_resolve(void)
     RESOLVE_(mprotect, "mprotect");
     RESOLVE_(memcpy, "memcpy");
     RESOLVE_(memmove, "memmove");
+    RESOLVE_(memcpy_chk, "__memcpy_chk");
+    RESOLVE_(memmove_chk, "__memmove_chk");
 #undef RESOLVE_
+    if (libc.memcpy)
+        __atomic_store_n(&shim_next_memcpy, libc.memcpy, __ATOMIC_RELEASE);
+    if (libc.memmove)
+        __atomic_store_n(&shim_next_memmove, libc.memmove, __ATOMIC_RELEASE);
     __atomic_store_n(&libc.dlsym, real_dlsym, __ATOMIC_RELEASE);
     shim_leave();
 }

@@ -26,6 +26,8 @@ struct libc_fns {
     int (*mprotect)(void *, size_t, int);
     void *(*memcpy)(void *, const void *, size_t);
     void *(*memmove)(void *, const void *, size_t);
+    void *(*memcpy_chk)(void *, const void *, size_t, size_t);
+    void *(*memmove_chk)(void *, const void *, size_t, size_t);
     void *(*dlsym)(void *, const char *);
 };
 extern struct libc_fns libc;

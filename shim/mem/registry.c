@@ -306,16 +306,16 @@ static void forget(struct block *b, int block_freed)
 
 /* ---------------------------------------------------------------- program-pinned ranges */
 
-struct pinned_range { uintptr_t start; size_t len; };
+struct pinned_range { uintptr_t start; size_t len; unsigned flags; };
 static struct pinned_range *pinned;
 static size_t pinned_len, pinned_cap;
 /* Bumped on every change; a thread's last hit stays good while it is unchanged, so a program
  * that copies from its own pinned buffers takes no lock. */
 static unsigned long pinned_generation;
-static __thread struct { unsigned long generation; uintptr_t start; size_t len; } pinned_last_hit;
+static __thread struct { unsigned long generation; uintptr_t start; size_t len; unsigned flags; } pinned_last_hit;
 static pthread_mutex_t pinned_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void pinned_add(uintptr_t start, size_t len)
+static void pinned_add(uintptr_t start, size_t len, unsigned flags)
 {
     pthread_mutex_lock(&pinned_mu);
     if (pinned_len == pinned_cap) {
@@ -332,7 +332,7 @@ static void pinned_add(uintptr_t start, size_t len)
         pinned = grown;
         pinned_cap = cap;
     }
-    pinned[pinned_len++] = (struct pinned_range){start, len};
+    pinned[pinned_len++] = (struct pinned_range){start, len, flags};
     __atomic_add_fetch(&pinned_generation, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&pinned_mu);
 }
@@ -350,22 +350,27 @@ static void pinned_remove(uintptr_t start)
     pthread_mutex_unlock(&pinned_mu);
 }
 
-int registry_program_pinned(uintptr_t p, size_t n)
+/* 1 when [p, p+n) lies in one program-pinned range (*flags: its registration flags). */
+static int pinned_find(uintptr_t p, size_t n, unsigned *flags)
 {
     int found = 0;
     if (!__atomic_load_n(&pinned_len, __ATOMIC_RELAXED))
         return 0;
     unsigned long generation = __atomic_load_n(&pinned_generation, __ATOMIC_ACQUIRE);
     if (pinned_last_hit.generation == generation && p >= pinned_last_hit.start &&
-        p + n <= pinned_last_hit.start + pinned_last_hit.len)
+        p + n <= pinned_last_hit.start + pinned_last_hit.len) {
+        *flags = pinned_last_hit.flags;
         return 1;
+    }
     pthread_mutex_lock(&pinned_mu);
     for (size_t i = 0; i < pinned_len; i++) {
         if (p >= pinned[i].start && p + n <= pinned[i].start + pinned[i].len) {
             found = 1;
+            *flags = pinned[i].flags;
             pinned_last_hit.generation = __atomic_load_n(&pinned_generation, __ATOMIC_RELAXED);
             pinned_last_hit.start = pinned[i].start;
             pinned_last_hit.len = pinned[i].len;
+            pinned_last_hit.flags = pinned[i].flags;
             break;
         }
     }
@@ -373,9 +378,15 @@ int registry_program_pinned(uintptr_t p, size_t n)
     return found;
 }
 
+int registry_program_pinned(uintptr_t p, size_t n)
+{
+    unsigned flags;
+    return pinned_find(p, n, &flags);
+}
+
 void registry_program_allocated(uintptr_t p, size_t n)
 {
-    pinned_add(p, n);
+    pinned_add(p, n, 0);
 }
 
 void registry_program_freed(uintptr_t p)
@@ -1133,6 +1144,34 @@ int registry_host_range(uintptr_t p, size_t n)
     return inside;
 }
 
+int registry_copyable(uintptr_t p, size_t n, int prot, int *driver_pinned)
+{
+    unsigned flags;
+    *driver_pinned = 0;
+    if (pinned_find(p, n, &flags)) {
+        *driver_pinned = 1;
+        return !(prot & PROT_WRITE) || !(flags & CU_MEMHOSTREGISTER_READ_ONLY);
+    }
+    if (!arena_contains(p) && !index_may_contain(p))
+        return 0;
+    int ok = 0;
+    pthread_mutex_lock(&mu);
+    struct block *b = lookup(p, 0);
+    if (b) {
+        uintptr_t lo = b->origin == ORIGIN_ARENA ? b->base : b->map_base;
+        ok = b->state != BLOCK_CACHED && !b->dead && p >= lo && p + n <= b->map_base + b->map_len &&
+             (b->prot & prot) == prot;
+        *driver_pinned = ok && b->state == BLOCK_PROMOTED && p >= b->reg_base && p + n <= b->reg_base + b->reg_len;
+    } else {
+        /* An arena block nobody copied or protected: the program's, read-write. */
+        struct arena_block ab;
+        ok = arena_find(p, &ab) && __atomic_load_n(&ab.slot->state, __ATOMIC_ACQUIRE) == SLOT_LIVE &&
+             p >= ab.base && p + n <= ab.base + ab.usable;
+    }
+    pthread_mutex_unlock(&mu);
+    return ok;
+}
+
 int registry_may_hold(uintptr_t p)
 {
     return arena_contains(p) || index_may_contain(p);
@@ -1434,8 +1473,12 @@ static void protect_block(struct block *b, const struct protect_args *a)
 
 static void protect_one(struct arena_slot *s, void *arg)
 {
-    if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SLOT_TRACKED)
-        protect_block(s->rec, arg);
+    /* A block nobody copied gets a record now: its protection must be known (bounce copies
+     * touch only memory whose protection fits). */
+    struct block *b = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == SLOT_TRACKED ? s->rec
+                                                                               : lookup(s->addr + s->color, 1);
+    if (b)
+        protect_block(b, arg);
 }
 
 void registry_protect(uintptr_t p, size_t n, int prot)
@@ -1483,7 +1526,7 @@ CUresult registry_program_register(void *p, size_t n, unsigned flags,
         stats_add(STAT_PROGRAM_REGISTER_YIELDS, (uint64_t)released);
     CUresult r = reg(p, n, flags);
     if (r == CUDA_SUCCESS)
-        pinned_add((uintptr_t)p, n);
+        pinned_add((uintptr_t)p, n, flags);
     pthread_mutex_unlock(&change_mu);
     return r;
 }

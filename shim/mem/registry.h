@@ -51,6 +51,10 @@ void registry_copy_end(struct copy_hold *hold, int async_pending);
 int registry_known_host(uintptr_t p);
 /* 1 when all of [p, p+n) lies in one tracked block or one program-pinned range. */
 int registry_host_range(uintptr_t p, size_t n);
+/* 1 when all of [p, p+n) lies in one range the shim knows is mapped with (at least) protection
+ * prot: a block of its heap, a mapping it tracks, memory the program pinned.  *pinned: the range
+ * is driver-pinned (the program's pinned memory, or registered by the shim). */
+int registry_copyable(uintptr_t p, size_t n, int prot, int *pinned);
 /* 0 when no block the registry knows can hold p: lock-free, may answer 1 for memory that is not
  * the shim's. */
 int registry_may_hold(uintptr_t p);

@@ -46,7 +46,12 @@ enum mem_kind {
     X(UNTRACKED_LOOKUPS, "untracked_lookups")              \
     X(STAGED_ONE_SHOT, "staged_one_shot")                   \
     X(BACKGROUND_REGISTRATIONS, "background_registrations") \
-    X(STAGED_WHILE_REGISTERING, "staged_while_registering")
+    X(STAGED_WHILE_REGISTERING, "staged_while_registering") \
+    X(BOUNCE_COPIES, "bounce_copies")                       \
+    X(BOUNCE_BYTES, "bounce_bytes")                         \
+    X(BOUNCE_NS, "bounce_ns")                               \
+    X(BOUNCE_TO_PINNED, "bounce_to_pinned")                 \
+    X(BOUNCE_FROM_PINNED, "bounce_from_pinned")
 
 enum stats_counter {
 #define STATS_ENUM_(name, key) STAT_##name,

@@ -6,6 +6,7 @@
 #include "base/meta.h"
 #include "base/real.h"
 #include "base/shim.h"
+#include "copy/bounce.h"
 #include "copy/staging.h"
 #include "copy/streams.h"
 #include "mem/heap.h"
@@ -56,6 +57,7 @@ void shim_init(void)
     real_libc_resolve();
     config_load(NULL);
     heap_init();
+    bounce_init();
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     if (shim_cfg.mode != MODE_OFF)
         heap_track_min = (size_t)shim_cfg.min_size;

@@ -1,0 +1,78 @@
+/* Bounce copies (see bounce.h).
+ *
+ * A call is shared among the copy threads only where doing so cannot change what the program
+ * sees:
+ *   - not inside the shim's own work on this thread (a signal handler that interrupted it, or
+ *     the shim's own copies), nor in a fork child (no threads may start there), nor while the
+ *     threads are busy with other copies (the call would wait behind them);
+ *   - the two ranges do not overlap (memmove's order would matter);
+ *   - both lie in memory the shim knows is mapped with the protection the copy needs (a block
+ *     of its heap, a mapping of the program's it tracks, memory the program pinned), so that a
+ *     copy that would fault faults in the calling thread, by the C library, as without the shim;
+ *   - PINSHIM_BOUNCE=pinned: one side is driver-pinned (the program's pinned memory or a block
+ *     the shim registered); all: any such pair. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <sys/mman.h>
+#include "base/config.h"
+#include "base/libc_string.h"
+#include "base/shim.h"
+#include "copy/bounce.h"
+#include "copy/cpupool.h"
+#include "mem/registry.h"
+#include "stats/stats.h"
+
+size_t bounce_threshold = SIZE_MAX;
+
+void bounce_init(void)
+{
+    size_t t = SIZE_MAX;
+    if (shim_cfg.mode != MODE_OFF && shim_cfg.bounce != BOUNCE_OFF)
+        t = (size_t)shim_cfg.bounce_min;
+    __atomic_store_n(&bounce_threshold, t, __ATOMIC_RELEASE);
+}
+
+static int overlap(uintptr_t a, uintptr_t b, size_t n)
+{
+    return a < b ? b - a < n : a - b < n;
+}
+
+/* 1 when the threads copied it. */
+static int share(void *dst, const void *src, size_t n)
+{
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (shim_busy || shim_forked_child || overlap(d, s, n))
+        return 0;
+    shim_enter();
+    int done = 0, src_pinned = 0, dst_pinned = 0;
+    if (registry_copyable(s, n, PROT_READ, &src_pinned) && registry_copyable(d, n, PROT_WRITE, &dst_pinned) &&
+        (shim_cfg.bounce == BOUNCE_ALL || src_pinned || dst_pinned)) {
+        /* A never-touched destination (a fresh result array) is faulted in by the threads. */
+        unsigned flags = CPUPOOL_TRY | CPUPOOL_FAULT_DST | CPUPOOL_FAULT_SRC |
+                         (shim_cfg.streaming_stores ? CPUPOOL_STREAM : 0);
+        uint64_t t0 = shim_ticks();
+        done = cpupool_copy(dst, n, src, n, n, 1, flags);
+        if (done) {
+            stats_add(STAT_BOUNCE_COPIES, 1);
+            stats_add(STAT_BOUNCE_BYTES, n);
+            stats_add(STAT_BOUNCE_NS, shim_ns_since(t0));
+            stats_add(dst_pinned ? STAT_BOUNCE_TO_PINNED : STAT_BOUNCE_FROM_PINNED, 1);
+        }
+    }
+    shim_leave();
+    return done;
+}
+
+void *bounce_memcpy(void *dst, const void *src, size_t n)
+{
+    if (!share(dst, src, n))
+        shim_next_memcpy(dst, src, n);
+    return dst;
+}
+
+void *bounce_memmove(void *dst, const void *src, size_t n)
+{
+    if (!share(dst, src, n))
+        shim_next_memmove(dst, src, n);
+    return dst;
+}
