@@ -77,6 +77,7 @@ struct block {
     int bg_cancel;            /* its pages were discarded or given to the program's own
                                * registration while it waited: the registrar skips it */
     CUcontext bg_ctx;         /* the context to register it in */
+    CUcontext copy_ctx;       /* the context of its first copy the cost model judged */
     struct block *lru_prev, *lru_next;     /* cached: all, least recently freed last;
                                             * promoted: all promoted blocks */
     struct block *fit_prev, *fit_next;     /* cached: by arena class (huge: one list) */
@@ -98,6 +99,14 @@ static struct block *promoted_head;                 /* promoted blocks (eviction
 static struct block *cache_head, *cache_tail;       /* cached blocks, most recently freed first */
 static struct block *cache_fit[ARENA_CLASSES + 1];
 static uint64_t cache_count;                        /* read without mu: a quick "empty" test */
+static uint32_t cached_in_list[ARENA_CLASSES + 1];  /* blocks in each cache list */
+/* Per cache list (arena class, or huge): blocks freed after carrying a transfer of most of
+ * their bytes.  Where this keeps happening (a buffer allocated afresh, copied and freed every
+ * step), the next such block is registered on its way out and cached, so that the allocation of
+ * the step after gets a registered block. */
+static uint32_t copied_frees[ARENA_CLASSES + 1];
+#define CACHE_ON_FREE_AFTER 2
+#define CACHE_ON_FREE_MAX 4                         /* per list: no more waiting than that */
 static uint64_t arena_records;
 
 static uint64_t registered_bytes;
@@ -523,6 +532,7 @@ static void cache_put(struct block *b)
     if (cache_fit[list])
         cache_fit[list]->fit_prev = b;
     cache_fit[list] = b;
+    cached_in_list[list]++;
     __atomic_add_fetch(&cache_count, 1, __ATOMIC_RELAXED);
 }
 
@@ -539,6 +549,7 @@ static void cache_unlink(struct block *b)
     if (b->fit_next)
         b->fit_next->fit_prev = b->fit_prev;
     b->fit_prev = b->fit_next = NULL;
+    cached_in_list[list]--;
     __atomic_sub_fetch(&cache_count, 1, __ATOMIC_RELAXED);
 }
 
@@ -939,8 +950,11 @@ static int bg_enqueue(struct block *b)
         if (bg_started <= 0 || b->dead || b->bg_queued || b->state != BLOCK_PAGEABLE)
             return bg_started > 0 && b->bg_queued;
     }
+    /* The current context, or (a free on a thread that never used CUDA) that of its copies. */
     CUcontext ctx = NULL;
-    if (bg_tail - bg_head == BG_QUEUE || drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+    if (drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        ctx = b->copy_ctx;
+    if (bg_tail - bg_head == BG_QUEUE || !ctx)
         return 0;
     b->bg_queued = 1;
     b->bg_ctx = ctx;
@@ -987,6 +1001,8 @@ static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, in
     /* Promotion switched off for good: no cost model and no mincore on every copy. */
     if (__atomic_load_n(&promotion_state, __ATOMIC_ACQUIRE) < 0)
         return stageable ? COST_STAGE : COST_LEAVE;
+    if (!b->copy_ctx)
+        drv.cuCtxGetCurrent(&b->copy_ctx);
     struct cost_rates rates = current_rates();
     uintptr_t reg_base;
     size_t reg_len;
@@ -1221,6 +1237,19 @@ static int worth_keeping_warm(const struct block *b)
            __atomic_load_n(&promotion_state, __ATOMIC_RELAXED) > 0;
 }
 
+/* free() of pageable block b, which may have carried a transfer (mu held). */
+static int worth_caching_on_free(struct block *b)
+{
+    uintptr_t base;
+    size_t len;
+    reg_range(b, &base, &len);
+    if (b->origin == ORIGIN_MMAP || b->no_promote || b->bytes_moved < len / 2 || len > shim_cfg.budget ||
+        __atomic_load_n(&promotion_state, __ATOMIC_RELAXED) <= 0)
+        return 0;
+    unsigned list = cache_list_of(b);
+    return copied_frees[list]++ >= CACHE_ON_FREE_AFTER && cached_in_list[list] < CACHE_ON_FREE_MAX;
+}
+
 static struct block *huge_at(uintptr_t p)
 {
     struct block *b = index_find(p);
@@ -1240,8 +1269,8 @@ enum registry_free_result registry_free(uintptr_t p, struct arena_slot *slot, ui
         pthread_mutex_unlock(&mu);
         return REG_FREE_NOT_MINE;
     }
-    if (b->changing && b->bg_registering) {
-        /* Being registered in the background: its end decides (bg_finish). */
+    if (b->bg_queued) {
+        /* Waiting for, or in, a background registration: its end decides (bg_finish). */
         b->freed_pending = 1;
         pthread_mutex_unlock(&mu);
         return REG_FREE_DONE;
@@ -1257,6 +1286,12 @@ enum registry_free_result registry_free(uintptr_t p, struct arena_slot *slot, ui
     }
     if (shim_forked_child)
         stats_add(STAT_FORK_CHILD_FREES, 1);
+    if (!shim_forked_child && b->state == BLOCK_PAGEABLE && worth_caching_on_free(b) && bg_enqueue(b)) {
+        b->freed_pending = 1;   /* registered, then cached, by the registrar */
+        stats_add(STAT_CACHED_ON_FREE, 1);
+        pthread_mutex_unlock(&mu);
+        return REG_FREE_DONE;
+    }
     enum registry_free_result res = REG_FREE_DONE;
     if (b->origin == ORIGIN_HUGE) {
         *warm = !shim_forked_child && worth_keeping_warm(b);
@@ -1620,6 +1655,7 @@ void registry_after_fork_child(void)
     }
     promoted_head = cache_head = cache_tail = NULL;
     memset(cache_fit, 0, sizeof cache_fit);
+    memset(cached_in_list, 0, sizeof cached_in_list);
     /* The registrar does not exist here: nothing queued will be registered. */
     for (struct block *b = all_records; b; b = b->all_next) {
         b->bg_queued = b->bg_registering = 0;

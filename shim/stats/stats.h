@@ -47,6 +47,7 @@ enum mem_kind {
     X(STAGED_ONE_SHOT, "staged_one_shot")                   \
     X(BACKGROUND_REGISTRATIONS, "background_registrations") \
     X(STAGED_WHILE_REGISTERING, "staged_while_registering") \
+    X(CACHED_ON_FREE, "cached_on_free")                     \
     X(BOUNCE_COPIES, "bounce_copies")                       \
     X(BOUNCE_BYTES, "bounce_bytes")                         \
     X(BOUNCE_NS, "bounce_ns")                               \

@@ -337,6 +337,7 @@ static void section_loop(void)
     const size_t n = 4u << 20;
     unsigned long reg0 = fakecuda_calls("cuMemHostRegister_v2") + fakecuda_calls("cuMemHostRegister");
     unsigned long unreg0 = fakecuda_calls("cuMemHostUnregister");
+    unsigned long regs, unregs;
     int ok = 1, usable_ok = 1;
     for (unsigned i = 0; i < 64; i++) {
         unsigned char *p = malloc(n);
@@ -353,14 +354,44 @@ static void section_loop(void)
         ok &= check_pattern(p, n, 100 + i);
         free(p);
     }
-    unsigned long regs = fakecuda_calls("cuMemHostRegister_v2") + fakecuda_calls("cuMemHostRegister") - reg0;
-    unsigned long unregs = fakecuda_calls("cuMemHostUnregister") - unreg0;
+    regs = fakecuda_calls("cuMemHostRegister_v2") + fakecuda_calls("cuMemHostRegister") - reg0;
+    unregs = fakecuda_calls("cuMemHostUnregister") - unreg0;
     printf("info: alloc-copy-free loop: %lu registers, %lu unregisters\n", regs, unregs);
     CHECKF(ok, "alloc-copy-free loop: every step carries its own content");
     CHECKF(usable_ok, "alloc-copy-free loop: malloc_usable_size >= request");
     if (drvtest_expect_promotion(n)) {
         CHECKF(unregs <= 2, "alloc-copy-free loop: no unregister per step (%lu in 64 steps)", unregs);
         CHECKF(regs <= 4, "alloc-copy-free loop: no register per step (%lu in 64 steps)", regs);
+    }
+
+    /* One copy per step: a buffer allocated, filled, copied once and freed every step (a batch
+     * a program makes afresh).  After a few steps its blocks are registered on their way out
+     * and the cache serves the steps after: few registrations, none per step, no unregister.
+     * (A size no earlier section used: the cache holds nothing of it yet.) */
+    const size_t n1 = 5u << 20;
+    reg0 = fakecuda_calls("cuMemHostRegister_v2") + fakecuda_calls("cuMemHostRegister");
+    unreg0 = fakecuda_calls("cuMemHostUnregister");
+    ok = 1;
+    for (unsigned i = 0; i < 64; i++) {
+        unsigned char *p = malloc(n1);
+        if (!p) {
+            ok = 0;
+            break;
+        }
+        fill_pattern(p, n1, 300 + i);
+        HTOD(dev, p, n1);
+        memset(check, 0, n1);
+        DTOH(check, dev, n1);
+        ok &= check_pattern(check, n1, 300 + i);
+        free(p);
+    }
+    regs = fakecuda_calls("cuMemHostRegister_v2") + fakecuda_calls("cuMemHostRegister") - reg0;
+    unregs = fakecuda_calls("cuMemHostUnregister") - unreg0;
+    printf("info: one-copy-per-step loop: %lu registers, %lu unregisters\n", regs, unregs);
+    CHECKF(ok, "one-copy-per-step loop: every step carries its own content");
+    if (drvtest_expect_promotion(n1)) {
+        CHECKF(unregs <= 2, "one-copy-per-step loop: no unregister per step (%lu in 64 steps)", unregs);
+        CHECKF(regs >= 1 && regs <= 8, "one-copy-per-step loop: registered on the way out, not per step (%lu in 64 steps)", regs);
     }
 
     /* calloc of sizes the cache can serve: zeroed */
