@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# tests/check_cli.sh BUILD: the command lines behave like their neighbours', on the checking
+# fake driver.
+#   pinshim: --version; an option without its value (--stats -- CMD) is a usage error, not a
+#     file named "--"; settings it sets are checked by the library's parser before anything
+#     runs (--budget banana, --mode fast, --set PINSHIM_BUGDET=1G); a library path with a space
+#     or a colon still loads; one that cannot be preloaded stops it (127) before the command
+#     runs; --stats that nothing wrote after a successful command is an error (1); the
+#     command's own failure and death by a signal come back unchanged; a relative --stats path
+#     is where pinshim started, whatever directory the command moves to.
+set -u
+BUILD=${1:-build}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 1
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+SHIM=$BUILD/libpinshim.so
+DOORS=$BUILD/tests/fake/test_doors
+WRAP=$ROOT/scripts/pinshim
+for f in "$SHIM" "$BUILD/pinshim-settings" "$DOORS"; do
+    [ -e "$f" ] || { echo "FAIL missing $f (build first)"; exit 1; }
+done
+WORK=$(mktemp -d /tmp/pinshim-cli.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$1"; }
+bad() { fail=$((fail + 1)); printf 'FAIL %s\n' "$1"; [ -n "${2:-}" ] && printf '%s\n' "$2" | tail -15 | sed 's/^/    | /'; return 0; }
+export LD_LIBRARY_PATH=$BUILD/fakecuda PINSHIM_LIB=$SHIM
+unset LD_PRELOAD PINSHIM_CHECKED
+for v in $(env | sed -n 's/^\(PINSHIM_[A-Z0-9_]*\)=.*/\1/p'); do [ "$v" = PINSHIM_LIB ] || unset "$v"; done
+MARK=$WORK/ran
+# runs DESC WANT_RC CMD...: CMD exits WANT_RC; its stderr is in $WORK/err, stdout in $WORK/out.
+runs() {
+    local desc=$1 want=$2 rc; shift 2
+    rm -f "$MARK"
+    "$@" >"$WORK/out" 2>"$WORK/err"; rc=$?
+    if [ "$rc" = "$want" ]; then return 0; fi
+    bad "$desc: exit $rc, expected $want" "$(cat "$WORK/out" "$WORK/err")"
+    return 1
+}
+
+echo "== versions"
+want=$(scripts/version.sh)
+for p in "$WRAP" "$BUILD/pinshim-settings"; do
+    n=$(basename "$p")
+    v=$("$p" --version 2>&1)
+    [ "$v" = "$n $want" ] && ok "$n --version: $v" || bad "$n --version: '$v', expected '$n $want'"
+done
+
+echo "== pinshim: options and their values"
+for opt in --stats --budget --mode --log --set --lib --report=; do
+    o=${opt%=}
+    args=("$o" -- sh -c ": >'$MARK'")
+    [ "$opt" = --report= ] && args=(--report= --stats -- sh -c ": >'$MARK'")
+    (cd "$WORK" && runs "pinshim ${args[*]:0:2}" 2 "$WRAP" "${args[@]}") &&
+        { [ ! -e "$MARK" ] && [ ! -e "$WORK/--" ] && grep -q "needs a value" "$WORK/err" &&
+          ok "pinshim ${args[*]:0:2} -- CMD: a missing value, exit 2, nothing run, no file '--'" ||
+          bad "pinshim ${args[*]:0:2} -- CMD" "$(cat "$WORK/err"; ls "$WORK")"; }
+done
+for bad_opt in "--budget banana|PINSHIM_BUDGET=\"banana\" is not valid (expected a size or percentage" \
+               "--mode fast|PINSHIM_MODE=\"fast\" is not valid (expected one of off, observe, pin, full)" \
+               "--log 7|PINSHIM_LOG=\"7\" is not valid" \
+               "--set PINSHIM_BUGDET=1G|PINSHIM_BUGDET is not a pinshim setting (did you mean PINSHIM_BUDGET?)" \
+               "--set PINSHIM_STAGING_CHUNK=1K|PINSHIM_STAGING_CHUNK=\"1K\" is not valid"; do
+    read -r -a o <<<"${bad_opt%%|*}"
+    msg=${bad_opt#*|}
+    runs "pinshim ${o[*]}" 2 "$WRAP" "${o[@]}" -- sh -c ": >'$MARK'" &&
+        { [ ! -e "$MARK" ] && grep -qF "pinshim: ${o[*]}: $msg" "$WORK/err" &&
+          ok "pinshim ${o[*]}: refused before running anything, with the library's reason" ||
+          bad "pinshim ${o[*]}" "$(cat "$WORK/err")"; }
+done
+runs "pinshim --budget=8G --log=1 --mode=observe" 0 "$WRAP" --budget=8G --log=1 --mode=observe -- \
+    sh -c 'printf "%s %s %s" "$PINSHIM_BUDGET" "$PINSHIM_LOG" "$PINSHIM_MODE"' &&
+    { [ "$(cat "$WORK/out")" = "8G 1 observe" ] && ok "pinshim --opt=VALUE forms set the settings" ||
+      bad "pinshim --opt=VALUE: the command saw '$(cat "$WORK/out")'"; }
+
+echo "== pinshim: the library really loads"
+odd="$WORK/a dir:with colon"
+mkdir -p "$odd" "$WORK/s1"
+cp "$SHIM" "$BUILD/pinshim-settings" "$odd/"
+runs "pinshim --lib 'path with space and colon'" 0 "$WRAP" --lib "$odd/libpinshim.so" --mode observe \
+    --stats "$WORK/s1/s.%p.json" -- "$DOORS" &&
+    { [ "$(ls "$WORK/s1" | wc -l)" = 1 ] && ok "pinshim --lib PATH with a space and a colon: loaded, stats written" ||
+      bad "pinshim --lib with a space: no stats" "$(cat "$WORK/err"; ls "$WORK/s1")"; }
+printf 'not a library\n' >"$WORK/libbroken.so"
+cp "$BUILD/pinshim-settings" "$WORK/"
+runs "pinshim --lib BROKEN" 127 "$WRAP" --lib "$WORK/libbroken.so" -- sh -c ": >'$MARK'" &&
+    { [ ! -e "$MARK" ] && grep -q "could not be preloaded" "$WORK/err" &&
+      ok "pinshim --lib a file that cannot be preloaded: 127, nothing run" || bad "pinshim --lib BROKEN" "$(cat "$WORK/err")"; }
+mkdir -p "$WORK/s2"
+runs "pinshim --stats, a command that never reaches the driver" 1 "$WRAP" --stats "$WORK/s2/s.%p.json" -- true &&
+    { grep -q "nothing was written" "$WORK/err" && ok "pinshim --stats -- true: no stats written is said, exit 1" ||
+      bad "pinshim --stats -- true" "$(cat "$WORK/err")"; }
+runs "pinshim --stats, a failing command" 7 "$WRAP" --stats "$WORK/s2/s.%p.json" -- sh -c 'exit 7' &&
+    ok "pinshim --stats -- sh -c 'exit 7': exit 7"
+# In a subshell of its own, which says "Terminated" into /dev/null and exits with the status.
+( "$WRAP" --stats "$WORK/s2/s.%p.json" -- sh -c 'kill -TERM $$'; rc=$?; exit $rc ) >/dev/null 2>&1; rc=$?
+[ $rc = 143 ] && ok "pinshim --stats -- a command killed by SIGTERM: pinshim dies of SIGTERM too" ||
+    bad "pinshim --stats -- killed by SIGTERM: exit $rc, expected 143"
+runs "pinshim --stats missing directory" 2 "$WRAP" --stats "$WORK/no/such/dir/s.json" -- sh -c ": >'$MARK'" &&
+    { [ ! -e "$MARK" ] && ok "pinshim --stats into a missing directory: refused before running" || bad "missing stats directory: the command ran"; }
+mkdir -p "$WORK/rel/sub"
+(cd "$WORK/rel" && runs "pinshim --stats relative" 0 "$WRAP" --mode observe --stats rel.json -- \
+    sh -c "cd sub && exec '$DOORS'") &&
+    { [ -f "$WORK/rel/rel.json" ] && [ ! -e "$WORK/rel/sub/rel.json" ] &&
+      ok "pinshim --stats rel.json: written where pinshim started, though the command changed directory" ||
+      bad "pinshim --stats relative path" "$(ls -R "$WORK/rel")"; }
+
+echo "cli: $pass passed, $fail failed"
+[ $fail = 0 ]
