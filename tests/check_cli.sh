@@ -7,7 +7,10 @@
 #     or a colon still loads; one that cannot be preloaded stops it (127) before the command
 #     runs; --stats that nothing wrote after a successful command is an error (1); the
 #     command's own failure and death by a signal come back unchanged; a relative --stats path
-#     is where pinshim started, whatever directory the command moves to.
+#     is where pinshim started, whatever directory the command moves to;
+#   pinshim-ab: one help text, usage errors exit 2, --keep refuses a directory used before,
+#     --json has one naming (A, B) and whole-number counts equal to one run's, sampled call
+#     sites are marked ~, the plot's legend names what each side ran.
 set -u
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,8 +18,10 @@ cd "$ROOT" || exit 1
 case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 SHIM=$BUILD/libpinshim.so
 DOORS=$BUILD/tests/fake/test_doors
+LOOP=$BUILD/bench/drv_train_loop
 WRAP=$ROOT/scripts/pinshim
-for f in "$SHIM" "$BUILD/pinshim-settings" "$DOORS"; do
+AB=$ROOT/scripts/pinshim-ab
+for f in "$SHIM" "$BUILD/pinshim-settings" "$DOORS" "$LOOP"; do
     [ -e "$f" ] || { echo "FAIL missing $f (build first)"; exit 1; }
 done
 WORK=$(mktemp -d /tmp/pinshim-cli.XXXXXX)
@@ -40,7 +45,7 @@ runs() {
 
 echo "== versions"
 want=$(scripts/version.sh)
-for p in "$WRAP" "$BUILD/pinshim-settings"; do
+for p in "$WRAP" "$AB" "$BUILD/pinshim-settings"; do
     n=$(basename "$p")
     v=$("$p" --version 2>&1)
     [ "$v" = "$n $want" ] && ok "$n --version: $v" || bad "$n --version: '$v', expected '$n $want'"
@@ -104,6 +109,87 @@ mkdir -p "$WORK/rel/sub"
     { [ -f "$WORK/rel/rel.json" ] && [ ! -e "$WORK/rel/sub/rel.json" ] &&
       ok "pinshim --stats rel.json: written where pinshim started, though the command changed directory" ||
       bad "pinshim --stats relative path" "$(ls -R "$WORK/rel")"; }
+
+echo "== pinshim-ab"
+for p in "$AB"; do
+    n=$(basename "$p")
+    h=$("$p" --help 2>&1); rc=$?
+    if [ $rc = 0 ] && [ "$(grep -c '^usage:' <<<"$h")" = 1 ] && ! grep -qE '^(options|optional arguments|positional arguments):' <<<"$h"; then
+        ok "$n --help: one help text, exit 0"
+    else
+        bad "$n --help: exit $rc, $(grep -c '^usage:' <<<"$h") usage blocks" "$h"
+    fi
+done
+for args in "--no-such-option -- true" "--a-env NOEQUALS -- true" "--b-env PINSHIM_BUDGET=banana -- true" "-n 0 -- true" "-n"; do
+    # shellcheck disable=SC2086
+    runs "pinshim-ab $args" 2 "$AB" $args && ok "pinshim-ab $args: usage error, exit 2"
+done
+runs "pinshim-ab --b-env PINSHIM_BUDGET=banana" 2 "$AB" --b-env PINSHIM_BUDGET=banana -- true &&
+    { grep -qF 'PINSHIM_BUDGET="banana" is not valid' "$WORK/err" && ok "pinshim-ab --b-env: checked with the library's parser" ||
+      bad "pinshim-ab --b-env banana" "$(cat "$WORK/err")"; }
+
+keep=$WORK/keep
+# One run of the loop alone, for the per-run figures the A/B table must repeat.
+mkdir -p "$WORK/one"
+env PINSHIM_MODE=full PINSHIM_STATS="$WORK/one/s.json" LD_PRELOAD="$SHIM" "$LOOP" >/dev/null 2>&1
+mkdir -p "$WORK/fakebin"
+cat >"$WORK/fakebin/gnuplot" <<EOF
+#!/bin/sh
+cp "\$1" "$WORK/plot.gp"
+EOF
+chmod +x "$WORK/fakebin/gnuplot"
+if env PATH="$WORK/fakebin:$PATH" "$AB" -n 2 --warmup 0 -q --json --keep "$keep" --plot "$WORK/ab.png" -- "$LOOP" >"$WORK/ab.json" 2>"$WORK/ab.err"; then
+    ok "pinshim-ab -n 2 --json --keep NEW --plot: exit 0"
+else
+    bad "pinshim-ab --json" "$(cat "$WORK/ab.err")"
+fi
+python3 - "$WORK/ab.json" "$WORK/one/s.json" >"$WORK/abcheck.out" 2>&1 <<'PY'
+import json, sys
+res, one = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+out = []
+say = lambda good, text: out.append(("PASS " if good else "FAIL ") + text)
+say(not {"a", "b"} & set(res) and {"A", "B"} <= set(res), f"pinshim-ab --json: one naming, A and B ({sorted(res)})")
+say(res["A"]["setup"].startswith("pinshim, mode observe") and res["B"]["setup"].startswith("pinshim, mode full"),
+    f"pinshim-ab --json: setups named ({res['A']['setup']!r}, {res['B']['setup']!r})")
+def ints(x, path=""):
+    bad = []
+    if isinstance(x, dict):
+        for k, v in x.items():
+            p = f"{path}.{k}"
+            counted = k in ("count", "bytes") or (k.endswith("_per_run") and "seconds" not in k)
+            if counted and not isinstance(v, (dict, list)):
+                if not isinstance(v, int):
+                    bad.append(p)
+            bad += ints(v, p)
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            bad += ints(v, f"{path}[{i}]")
+    return bad
+notint = ints(res)
+say(not notint, f"pinshim-ab --json: counts and bytes are whole numbers ({notint[:4]})")
+b = res["B"]["stats"]["per_run"]
+say(all(b[d]["count"] == one["copies"][d]["count"] and b[d]["bytes"] == one["copies"][d]["bytes"] for d in ("h2d", "d2h")),
+    f"pinshim-ab: per-run copies equal one run's (h2d {b['h2d']['count']} = {one['copies']['h2d']['count']})")
+sampled = [c for c in res["B"]["stats"]["call_sites"] if c["sampled"]]
+say(bool(sampled), f"pinshim-ab --json: call sites say whether they are sampled ({len(sampled)} sampled)")
+print("\n".join(out))
+PY
+while IFS= read -r line; do
+    case $line in PASS*) ok "${line#PASS }" ;; FAIL*) bad "${line#FAIL }" ;; *) echo "    $line" ;; esac
+done <"$WORK/abcheck.out"
+if grep -q 'title "A: pinshim, mode observe' "$WORK/plot.gp" 2>/dev/null && grep -q 'title "B: pinshim, mode full' "$WORK/plot.gp"; then
+    ok "pinshim-ab --plot: the legend names what each side ran"
+else
+    bad "pinshim-ab --plot legend" "$(grep -o 'title "[^"]*"' "$WORK/plot.gp" 2>&1)"
+fi
+runs "pinshim-ab --keep a used directory" 2 "$AB" -n 1 --warmup 0 -q --keep "$keep" -- "$LOOP" &&
+    { grep -q "not an empty directory" "$WORK/err" && ok "pinshim-ab --keep DIR used before: refused, exit 2" ||
+      bad "pinshim-ab --keep used" "$(cat "$WORK/err")"; }
+if "$AB" -n 1 --warmup 0 -q -- "$LOOP" >"$WORK/ab.txt" 2>&1 && grep -qE '^drv_train_loop\+0x[0-9a-f]+ +~[0-9]+ ' "$WORK/ab.txt"; then
+    ok "pinshim-ab: a sampled call site's count is marked ~"
+else
+    bad "pinshim-ab: no ~ on a sampled call site" "$(cat "$WORK/ab.txt")"
+fi
 
 echo "cli: $pass passed, $fail failed"
 [ $fail = 0 ]
