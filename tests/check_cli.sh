@@ -10,7 +10,9 @@
 #     is where pinshim started, whatever directory the command moves to;
 #   pinshim-ab: one help text, usage errors exit 2, --keep refuses a directory used before,
 #     --json has one naming (A, B) and whole-number counts equal to one run's, sampled call
-#     sites are marked ~, the plot's legend names what each side ran.
+#     sites are marked ~, the plot's legend names what each side ran;
+#   pinshim-merge: one help text, the same file or content twice counted once with a warning,
+#     two files of one rank warned about, sampled sites marked ~ and kept so when merged.
 set -u
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,6 +23,7 @@ DOORS=$BUILD/tests/fake/test_doors
 LOOP=$BUILD/bench/drv_train_loop
 WRAP=$ROOT/scripts/pinshim
 AB=$ROOT/scripts/pinshim-ab
+MERGE=$ROOT/scripts/pinshim-merge
 for f in "$SHIM" "$BUILD/pinshim-settings" "$DOORS" "$LOOP"; do
     [ -e "$f" ] || { echo "FAIL missing $f (build first)"; exit 1; }
 done
@@ -45,7 +48,7 @@ runs() {
 
 echo "== versions"
 want=$(scripts/version.sh)
-for p in "$WRAP" "$AB" "$BUILD/pinshim-settings"; do
+for p in "$WRAP" "$AB" "$MERGE" "$BUILD/pinshim-settings"; do
     n=$(basename "$p")
     v=$("$p" --version 2>&1)
     [ "$v" = "$n $want" ] && ok "$n --version: $v" || bad "$n --version: '$v', expected '$n $want'"
@@ -111,7 +114,7 @@ mkdir -p "$WORK/rel/sub"
       bad "pinshim --stats relative path" "$(ls -R "$WORK/rel")"; }
 
 echo "== pinshim-ab"
-for p in "$AB"; do
+for p in "$AB" "$MERGE"; do
     n=$(basename "$p")
     h=$("$p" --help 2>&1); rc=$?
     if [ $rc = 0 ] && [ "$(grep -c '^usage:' <<<"$h")" = 1 ] && ! grep -qE '^(options|optional arguments|positional arguments):' <<<"$h"; then
@@ -190,6 +193,47 @@ if "$AB" -n 1 --warmup 0 -q -- "$LOOP" >"$WORK/ab.txt" 2>&1 && grep -qE '^drv_tr
 else
     bad "pinshim-ab: no ~ on a sampled call site" "$(cat "$WORK/ab.txt")"
 fi
+
+echo "== pinshim-merge"
+s=$WORK/one/s.json
+runs "pinshim-merge F F" 0 "$MERGE" --json "$s" "$WORK/one/../one/s.json" &&
+    { grep -q "counted once" "$WORK/err" && [ "$(python3 -c 'import json,sys; print(json.load(sys.stdin)["processes"])' <"$WORK/out")" = 1 ] &&
+      ok "pinshim-merge F F: warned, counted once" || bad "pinshim-merge F F" "$(cat "$WORK/err")"; }
+cp "$s" "$WORK/copy.json"
+runs "pinshim-merge F COPY" 0 "$MERGE" --json "$s" "$WORK/copy.json" &&
+    { grep -q "same content" "$WORK/err" && ok "pinshim-merge F COPY-OF-F: warned, counted once" || bad "pinshim-merge F COPY" "$(cat "$WORK/err")"; }
+mkdir -p "$WORK/ranks"
+python3 - "$s" "$WORK/ranks" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for pid, extra in ((101, 0), (202, 1)):
+    d["pid"] = pid
+    d["copies"]["h2d"]["count"] += extra
+    json.dump(d, open(f"{sys.argv[2]}/stats.3.{pid}.json", "w"))
+PY
+runs "pinshim-merge two files of rank 3" 0 "$MERGE" --json "$WORK/ranks" &&
+    { grep -q "rank 3 appears in 2 files" "$WORK/err" && [ "$(python3 -c 'import json,sys; print(json.load(sys.stdin)["processes"])' <"$WORK/out")" = 2 ] &&
+      ok "pinshim-merge: two files claiming rank 3 warned about, both counted" || bad "pinshim-merge same rank" "$(cat "$WORK/err")"; }
+python3 - "$s" "$WORK/unsampled.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["pid"] += 1
+for c in d["call_sites"]:
+    c["sampled"] = False
+json.dump(d, open(sys.argv[2], "w"))
+PY
+runs "pinshim-merge sampled + unsampled" 0 "$MERGE" --json "$s" "$WORK/unsampled.json" &&
+    { python3 - "$s" "$WORK/out" <<'PY' && ok "pinshim-merge: a site sampled in any part stays sampled" || bad "pinshim-merge sampled flags" "$(cat "$WORK/out" | head -40)"
+import json, sys
+want = {c["site"] for c in json.load(open(sys.argv[1]))["call_sites"] if c.get("sampled")}
+got = {c["site"] for c in json.load(open(sys.argv[2]))["totals"]["call_sites"] if c.get("sampled")}
+sys.exit(0 if want and want == got else 1)
+PY
+    }
+runs "pinshim-merge text" 0 "$MERGE" "$s" "$WORK/unsampled.json" &&
+    { grep -qE '^drv_train_loop\+0x[0-9a-f]+ +~[0-9]+ ' "$WORK/out" && ok "pinshim-merge: sampled sites marked ~ in the text report" ||
+      bad "pinshim-merge: no ~" "$(cat "$WORK/out")"; }
+runs "pinshim-merge no argument" 2 "$MERGE" && ok "pinshim-merge without a file: usage error, exit 2"
 
 echo "cli: $pass passed, $fail failed"
 [ $fail = 0 ]
