@@ -1,5 +1,5 @@
-# pinshim: build, test, bench, demo.  `make` builds the shim, its settings checker and the
-# checking fake driver.
+# pinshim: build, test, bench, demo, install, package.  `make` builds the shim, its settings
+# checker and the checking fake driver.
 # Where the CUDA Toolkit headers are: scripts/deps.sh holds the one rule (CI uses it too).
 ifeq ($(origin CUDA_HOME),undefined)
 CUDA_HOME := $(shell scripts/deps.sh --cuda-home)
@@ -67,7 +67,7 @@ BENCH_CPU_BINS := $(BENCH_CPU_SRCS:bench/%.c=$(BUILD)/bench/%)
 BENCH_FAKE_SRCS := $(wildcard bench/drv_*.c)
 BENCH_FAKE_BINS := $(BENCH_FAKE_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all shim fake tests test unit-test fake-test gpu-test bench demo install clean asan ubsan tsan stress valgrind check-docs deps
+.PHONY: all shim fake tests test unit-test fake-test gpu-test bench demo install clean asan ubsan tsan stress valgrind check-docs deps deb
 all: shim fake tests
 
 shim: $(BUILD)/libpinshim.so $(SETTINGS_TOOL)
@@ -163,11 +163,28 @@ valgrind: tests
 deps:
 	@scripts/deps.sh CC='$(CC)' CUDA_INC='$(CUDA_INC)' UTHASH_INC='$(UTHASH_INC)'
 
+# PREFIX/lib/libpinshim.so, PREFIX/bin/pinshim{,-ab,-merge,-settings}, PREFIX/share/doc/pinshim.
+# The scripts are installed with the version written into them (a source tree asks
+# scripts/version.sh).  Paths may contain spaces; any failing step fails the install.
+INSTALL_SCRIPTS := pinshim pinshim-ab pinshim-merge
 install: shim
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin
-	install -m 0755 $(BUILD)/libpinshim.so $(DESTDIR)$(PREFIX)/lib/libpinshim.so
-	for s in scripts/pinshim scripts/pinshim-ab scripts/pinshim-merge; do \
-	  [ -f $$s ] && install -m 0755 $$s $(DESTDIR)$(PREFIX)/bin/; done; true
+	install -d "$(DESTDIR)$(PREFIX)/lib" "$(DESTDIR)$(PREFIX)/bin" "$(DESTDIR)$(PREFIX)/share/doc/pinshim/docs"
+	install -m 0755 $(BUILD)/libpinshim.so "$(DESTDIR)$(PREFIX)/lib/libpinshim.so"
+	install -m 0755 $(SETTINGS_TOOL) "$(DESTDIR)$(PREFIX)/bin/pinshim-settings"
+	set -e; for s in $(INSTALL_SCRIPTS); do \
+	  grep -q '^INSTALLED_VERSION = None$$' scripts/$$s; \
+	  sed 's/^INSTALLED_VERSION = None$$/INSTALLED_VERSION = "$(PINSHIM_VERSION) (commit $(PINSHIM_COMMIT))"/' \
+	    scripts/$$s >"$(DESTDIR)$(PREFIX)/bin/$$s.tmp"; \
+	  chmod 0755 "$(DESTDIR)$(PREFIX)/bin/$$s.tmp"; \
+	  mv -f "$(DESTDIR)$(PREFIX)/bin/$$s.tmp" "$(DESTDIR)$(PREFIX)/bin/$$s"; \
+	done
+	install -m 0644 README.md "$(DESTDIR)$(PREFIX)/share/doc/pinshim/"
+	install -m 0644 $(wildcard docs/*.md) "$(DESTDIR)$(PREFIX)/share/doc/pinshim/docs/"
+
+# A Debian package of what `make install PREFIX=/usr` installs: BUILD/pinshim_VERSION_ARCH.deb.
+deb: shim
+	@scripts/deps.sh --quiet deb
+	@MAKE="$(MAKE)" packaging/build-deb.sh "$(BUILD)" "$(PINSHIM_VERSION)" "$(PINSHIM_COMMIT)"
 
 clean:
 	rm -rf build
