@@ -1,5 +1,5 @@
 # pinshim: build, test, bench, demo, install, package.  `make` builds the shim, its settings
-# checker and the checking fake driver.
+# checker and the checking fake driver; `make help` lists the targets.
 # Where the CUDA Toolkit headers are: scripts/deps.sh holds the one rule (CI uses it too).
 ifeq ($(origin CUDA_HOME),undefined)
 CUDA_HOME := $(shell scripts/deps.sh --cuda-home)
@@ -67,7 +67,7 @@ BENCH_CPU_BINS := $(BENCH_CPU_SRCS:bench/%.c=$(BUILD)/bench/%)
 BENCH_FAKE_SRCS := $(wildcard bench/drv_*.c)
 BENCH_FAKE_BINS := $(BENCH_FAKE_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all shim fake tests test unit-test fake-test gpu-test bench demo install clean asan ubsan tsan stress valgrind check-docs deps deb
+.PHONY: all shim fake tests test unit-test fake-test gpu-test bench demo install clean asan ubsan tsan stress valgrind check-docs help deps deb
 all: shim fake tests
 
 shim: $(BUILD)/libpinshim.so $(SETTINGS_TOOL)
@@ -185,6 +185,21 @@ install: shim
 deb: shim
 	@scripts/deps.sh --quiet deb
 	@MAKE="$(MAKE)" packaging/build-deb.sh "$(BUILD)" "$(PINSHIM_VERSION)" "$(PINSHIM_COMMIT)"
+
+help:
+	@echo 'make [BUILD=dir] [CUDA_HOME=dir] [TARGET]; targets:'
+	@echo '  all (default)  the shim (BUILD/libpinshim.so), pinshim-settings, the checking fake driver, the tests'
+	@echo '  deps           check every requirement; as root with apt-get, install the missing packages'
+	@echo '  demo           a training-style loop without and with pinshim, then the shim'"'"'s report'
+	@echo '  test           the test suite (no GPU needed: it runs against the checking fake driver)'
+	@echo '  stress         the randomized differential stress test (SEEDS=N)'
+	@echo '  asan ubsan tsan  the unit and fake-driver tests built with a sanitizer'
+	@echo '  valgrind       memcheck over the unit tests'
+	@echo '  check-docs     the settings table of README.md against the code'
+	@echo '  bench          the benchmarks (a GPU for the transfer ones); results in $$OUT or BUILD/bench-results/'
+	@echo '  install        into PREFIX (/usr/local); DESTDIR for staging'
+	@echo '  deb            a Debian package, BUILD/pinshim_VERSION_ARCH.deb'
+	@echo '  clean          remove build/'
 
 clean:
 	rm -rf build

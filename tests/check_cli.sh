@@ -12,7 +12,8 @@
 #     --json has one naming (A, B) and whole-number counts equal to one run's, sampled call
 #     sites are marked ~, the plot's legend names what each side ran;
 #   pinshim-merge: one help text, the same file or content twice counted once with a warning,
-#     two files of one rank warned about, sampled sites marked ~ and kept so when merged.
+#     two files of one rank warned about, sampled sites marked ~ and kept so when merged;
+#   make help lists the targets.
 set -u
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -234,6 +235,14 @@ runs "pinshim-merge text" 0 "$MERGE" "$s" "$WORK/unsampled.json" &&
     { grep -qE '^drv_train_loop\+0x[0-9a-f]+ +~[0-9]+ ' "$WORK/out" && ok "pinshim-merge: sampled sites marked ~ in the text report" ||
       bad "pinshim-merge: no ~" "$(cat "$WORK/out")"; }
 runs "pinshim-merge no argument" 2 "$MERGE" && ok "pinshim-merge without a file: usage error, exit 2"
+
+echo "== make help"
+h=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -s help 2>&1)
+missing=""
+for t in all deps demo test stress asan ubsan tsan valgrind check-docs bench install deb clean; do
+    grep -qE "^  ([a-z-]+ )*$t( |$)" <<<"$h" || missing="$missing $t"
+done
+[ -z "$missing" ] && ok "make help lists every target" || bad "make help lacks:$missing" "$h"
 
 echo "cli: $pass passed, $fail failed"
 [ $fail = 0 ]
