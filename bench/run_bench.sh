@@ -3,7 +3,7 @@
 #
 # Every benchmark runs as an A/B: the same program without the shim ("plain") and under it
 # ("shim": scripts/pinshim, PINSHIM_MODE=full, stats JSON per run), alternately, BENCH_REPS
-# times.  Results go to $OUT when set, else bench/results/<date>/:
+# times.  Results go to $OUT when set, else BUILD/bench-results/<date>_<time>/ (ignored by git):
 #   env.txt          date, host, GPU, driver, CUDA and toolkit versions
 #   raw/             stdout, stderr and shim stats of every run; manifest.tsv lists the runs
 #   results.csv/json every RESULT line of every run
@@ -39,7 +39,7 @@ BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$BUILD"
 BUILD=$(cd "$BUILD" && pwd)
-OUT=${OUT:-$ROOT/bench/results/$(date +%Y-%m-%d_%H%M%S)}
+OUT=${OUT:-$BUILD/bench-results/$(date +%Y-%m-%d_%H%M%S)}
 mkdir -p "$OUT/raw" || exit 1
 OUT=$(cd "$OUT" && pwd)
 RAW=$OUT/raw

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# demo.sh BUILD (`make demo`): the bundled training-style loop (bench/drv_train_loop.c) run
-# without and with pinshim by scripts/pinshim-ab, then once more with the shim's text report.
+# demo.sh BUILD [--installed PREFIX] (`make demo`): the bundled training-style loop
+# (bench/drv_train_loop.c) run without and with pinshim by scripts/pinshim-ab, then once more with
+# the shim's text report.  With --installed, the scripts and the library are the ones installed
+# under PREFIX (PREFIX/bin/pinshim-ab finding PREFIX/lib/libpinshim.so by itself); the workload
+# and the fake driver still come from BUILD.
 #
 # On a machine without a GPU it runs against the checking fake driver in BUILD/fakecuda: that
 # shows what the shim does (and checks it does it correctly), but its timings mean nothing.
@@ -12,14 +15,23 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LIB=$BUILD/libpinshim.so
 PROG=$BUILD/bench/drv_train_loop
 RUNS=${DEMO_RUNS:-3}
+SCRIPTS=$ROOT/scripts
+if [ "${2:-}" = --installed ]; then
+    PREFIX=${3:?demo: --installed needs a PREFIX}
+    SCRIPTS=$PREFIX/bin
+    LIB=$PREFIX/lib/libpinshim.so
+fi
 
-for f in "$LIB" "$PROG"; do
+for f in "$LIB" "$PROG" "$SCRIPTS/pinshim" "$SCRIPTS/pinshim-ab"; do
     if [ ! -e "$f" ]; then
-        echo "demo: $f is missing: run \`make\` first" >&2
+        echo "demo: $f is missing: run \`make\` (or \`make install\`) first" >&2
         exit 2
     fi
 done
 LIB=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB")
+# From a source tree the scripts are told which library to use; installed ones find their own.
+LIBOPT=(--lib "$LIB")
+[ "$SCRIPTS" = "$ROOT/scripts" ] || LIBOPT=()
 
 fake=0
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -61,13 +73,13 @@ echo
 keep=$(mktemp -d "${TMPDIR:-/tmp}/pinshim-demo.XXXXXX")
 trap 'rm -rf "$keep"' EXIT
 rc=0
-"$ROOT/scripts/pinshim-ab" --lib "$LIB" -n "$RUNS" --warmup 1 --quiet --keep "$keep/ab" -- \
+"$SCRIPTS/pinshim-ab" "${LIBOPT[@]}" -n "$RUNS" --warmup 1 --quiet --keep "$keep/ab" -- \
     "$PROG" "${ARGS[@]}" || rc=1
 
 echo
 echo "2) One run with the shim's text report (PINSHIM_REPORT=1):"
 echo
-"$ROOT/scripts/pinshim" --lib "$LIB" --mode full --report -- "$PROG" "${ARGS[@]}" \
+"$SCRIPTS/pinshim" "${LIBOPT[@]}" --mode full --report -- "$PROG" "${ARGS[@]}" \
     >"$keep/out.txt" 2>"$keep/report.txt" || rc=1
 grep -v '^RESULT ' "$keep/out.txt"
 echo

@@ -8,7 +8,10 @@
 #   - path settings (PINSHIM_STATS, PINSHIM_REPORT): any text is a valid (relative) path and is
 #     written in the working directory silently; a path that cannot be written (under /proc, under
 #     a regular file, in a missing directory, onto a directory, expanding too long) gives one
-#     warning naming the variable, and no partial or temporary file is left behind.
+#     warning naming the variable, and no partial or temporary file is left behind;
+#   - a name one slip away from a setting (two neighbouring letters swapped, lower case): one
+#     line naming it and the setting meant; names far from every setting: nothing;
+#   - under scripts/pinshim, a command of several processes gets each warning once in all.
 set -u
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -187,6 +190,54 @@ if [ $rc = $REF_RC ] && cmp -s "$out" "$REF_OUT" && [ "$(wc -l <"$err")" = $n_nu
 else
     bad "all settings hostile at once: exit $rc, $(wc -l <"$err") stderr lines (want $n_numeric)" "$(cat "$err")"
 fi
+
+# ---- names that are not settings ----
+# slip NAME: NAME with the first two different neighbouring letters after PINSHIM_ swapped.
+slip() {
+    local name=$1 i a b
+    for ((i = 8; i < ${#name} - 1; i++)); do
+        a=${name:i:1} b=${name:i+1:1}
+        if [ "$a" != "$b" ] && [ "$a" != _ ] && [ "$b" != _ ]; then
+            echo "${name:0:i}$b$a${name:i+2}"; return
+        fi
+    done
+}
+for row in "${ROWS[@]}"; do
+    read -r var kind dflt <<<"$row"
+    s=$(slip "$var")
+    [ -n "$s" ] || continue
+    try "misspelt $var as $s" "$s" 1 1 && { grep -q "did you mean $var?" "$WORK/err" ||
+        bad "misspelt $var as $s: the line does not name $var" "$(cat "$WORK/err")"; }
+done
+try "lower-case pinshim_budget" pinshim_budget 1G 1 && { grep -q "did you mean PINSHIM_BUDGET?" "$WORK/err" ||
+    bad "pinshim_budget: the line does not name PINSHIM_BUDGET" "$(cat "$WORK/err")"; }
+for far in PINSHIM_LIB PINSHIM_GPU_TIMEOUT PINSHIM_SOMETHING_ELSE_ENTIRELY; do
+    try "$far (no setting is near): nothing on stderr" "$far" 1 0
+done
+
+# ---- once per command under the wrapper ----
+# Two problems inherited from the environment, three processes under the shim: two lines.
+WRAP=$ROOT/scripts/pinshim
+cmd=("$WRAP" --lib "$SHIM" -- sh -c '"$0"; "$0"; "$0"' "$PROG")
+timeout 60 env LD_LIBRARY_PATH="$FAKE" PINSHIM_BUDGET=banana PINSHIM_BUGDET=1G "${cmd[@]}" >"$WORK/out" 2>"$WORK/err"; rc=$?
+if [ $rc = "$REF_RC" ] && cmp -s "$WORK/out" <(cat "$REF_OUT" "$REF_OUT" "$REF_OUT") && [ "$(wc -l <"$WORK/err")" = 2 ] &&
+   [ "$(grep -c 'PINSHIM_BUDGET="banana"' "$WORK/err")" = 1 ] && [ "$(grep -c 'PINSHIM_BUGDET' "$WORK/err")" = 1 ]; then
+    ok "pinshim -- sh -c 'P; P; P' with a bad value and a misspelt name inherited: each reported once"
+else
+    bad "pinshim -- three processes: exit $rc, $(wc -l <"$WORK/err") stderr lines (want 2)" "$(cat "$WORK/err")"
+fi
+# A process that changes the settings it was given is told again, about all of them.
+cmd=("$WRAP" --lib "$SHIM" -- sh -c 'PINSHIM_MODE=pin "$0"' "$PROG")
+timeout 60 env LD_LIBRARY_PATH="$FAKE" PINSHIM_BUDGET=banana "${cmd[@]}" >"$WORK/out" 2>"$WORK/err"; rc=$?
+if [ $rc = "$REF_RC" ] && [ "$(grep -c 'PINSHIM_BUDGET="banana"' "$WORK/err")" = 2 ] && [ "$(wc -l <"$WORK/err")" = 2 ]; then
+    ok "pinshim -- a process that changed a setting: warned again (once by the wrapper, once by the process)"
+else
+    bad "pinshim -- a changed setting: $(wc -l <"$WORK/err") stderr lines (want 2)" "$(cat "$WORK/err")"
+fi
+# Without the wrapper each process is on its own: one line each (the shell and two programs).
+timeout 60 env LD_LIBRARY_PATH="$FAKE" LD_PRELOAD="$SHIM" PINSHIM_BUDGET=banana sh -c '"$0"; "$0"; true' "$PROG" >"$WORK/out" 2>"$WORK/err"
+[ "$(grep -c 'PINSHIM_BUDGET="banana"' "$WORK/err")" = 3 ] && [ "$(wc -l <"$WORK/err")" = 3 ] &&
+    ok "without the wrapper: one line per process" || bad "without the wrapper: $(wc -l <"$WORK/err") lines (want 3)" "$(cat "$WORK/err")"
 
 echo "hostile settings: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -12,7 +12,11 @@
  *  - no sign, no fraction, no hex, nothing after the number; overflow is an error;
  *  - booleans: 0/1, yes/no, true/false, on/off (any letter case); modes: off, observe, pin, full;
  *  - a bad or out-of-range value prints exactly one warning line naming the variable, the text
- *    and the default, and the default is used. */
+ *    and the default, and the default is used;
+ *  - a PINSHIM_* name that is not a setting but one slip away from one (PINSHIM_BUGDET) prints
+ *    one line naming the setting; names far from every setting belong to other tools;
+ *  - none of these lines while PINSHIM_CHECKED holds the checksum of the environment: the
+ *    wrapper printed them already, once for the whole command. */
 #include "base/config.h"
 #include "base/log.h"
 
@@ -329,7 +333,9 @@ static void quote_for_log(const char *text, char *buf, size_t bufsz)
     buf[o] = '\0';
 }
 
-static void warn_bad_value(const struct setting *s, const char *raw)
+/* Why a value is refused, in one line: the variable, the text as far as it is printable, and
+ * what the setting expects. */
+static void describe_bad_value(const struct setting *s, const char *raw, char *buf, size_t bufsz)
 {
     static const char *const expected_prefix[] = {
         [KIND_ENUM] = "one of ", [KIND_SIZE] = "a size ", [KIND_SIZE_PCT] = "a size or percentage ",
@@ -338,9 +344,16 @@ static void warn_bad_value(const struct setting *s, const char *raw)
     char shown[96], range[96];
     quote_for_log(raw, shown, sizeof shown);
     format_range(s, range, sizeof range);
-    shim_log(LOG_WARN, "%s=\"%s\" is not valid (expected %s%s%s); using the default %s",
-             s->name, shown, expected_prefix[s->kind], range,
-             s->kind == KIND_SIZE ? " with K/M/G/T or KiB/MiB/GiB/TiB (x1024)" : "",
+    snprintf(buf, bufsz, "%s=\"%s\" is not valid (expected %s%s%s)", s->name, shown,
+             expected_prefix[s->kind], range,
+             s->kind == KIND_SIZE ? " with K/M/G/T or KiB/MiB/GiB/TiB (x1024)" : "");
+}
+
+static void warn_bad_value(const struct setting *s, const char *raw)
+{
+    char why[400];
+    describe_bad_value(s, raw, why, sizeof why);
+    shim_log(LOG_WARN, "%s; using the default %s", why,
              *s->default_text ? s->default_text : "(unset)");
 }
 
@@ -361,11 +374,158 @@ static int trim_into(const char *text, char *buf, size_t bufsz)
 
 static const char *libc_getenv(const char *name) { return getenv(name); }
 
-void config_load(const char *(*getenv_fn)(const char *name))
+/* ---- names that are not settings ---- */
+
+#define NAME_PREFIX "PINSHIM_"
+#define NAME_PREFIX_LEN (sizeof NAME_PREFIX - 1)
+#define NAME_MAX_LEN 64   /* longer names are no slip of any setting's name */
+
+static const struct setting *setting_named(const char *name, size_t len)
+{
+    for (size_t i = 0; i < SETTING_COUNT; i++)
+        if (strlen(settings[i].name) == len && !memcmp(settings[i].name, name, len))
+            return &settings[i];
+    return NULL;
+}
+
+/* Edits (a letter added, dropped or changed, or two neighbours swapped) between a and b, any
+ * letter case; on the stack, as everything here. */
+static unsigned typing_distance(const char *a, size_t la, const char *b, size_t lb)
+{
+    unsigned rows[3][NAME_MAX_LEN + 1];
+    unsigned *before = rows[0], *prev = rows[1], *cur = rows[2];
+    for (size_t j = 0; j <= lb; j++)
+        prev[j] = (unsigned)j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = (unsigned)i;
+        for (size_t j = 1; j <= lb; j++) {
+            unsigned cost = toupper((unsigned char)a[i - 1]) != toupper((unsigned char)b[j - 1]);
+            unsigned best = prev[j - 1] + cost;
+            if (prev[j] + 1 < best)
+                best = prev[j] + 1;
+            if (cur[j - 1] + 1 < best)
+                best = cur[j - 1] + 1;
+            if (i > 1 && j > 1 && toupper((unsigned char)a[i - 1]) == toupper((unsigned char)b[j - 2]) &&
+                toupper((unsigned char)a[i - 2]) == toupper((unsigned char)b[j - 1]) &&
+                before[j - 2] + 1 < best)
+                best = before[j - 2] + 1;
+            cur[j] = best;
+        }
+        unsigned *t = before;
+        before = prev;
+        prev = cur;
+        cur = t;
+    }
+    return prev[lb];
+}
+
+/* The setting a name not in the table was probably meant to be, or NULL when none is within a
+ * slip: one edit for short names, one per four letters after the prefix for longer ones.  A
+ * name far from every setting (a variable of some other tool, such as PINSHIM_LIB of the
+ * wrapper) is none of the library's business. */
+static const struct setting *closest_setting(const char *name, size_t len)
+{
+    const struct setting *best = NULL;
+    unsigned best_distance = ~0u;
+    if (len > NAME_MAX_LEN)
+        return NULL;
+    for (size_t i = 0; i < SETTING_COUNT; i++) {
+        size_t slen = strlen(settings[i].name);
+        unsigned allowed = (unsigned)((slen - NAME_PREFIX_LEN) / 4);
+        if (allowed < 1)
+            allowed = 1;
+        unsigned d = typing_distance(name, len, settings[i].name, slen);
+        if (d <= allowed && d < best_distance) {
+            best = &settings[i];
+            best_distance = d;
+        }
+    }
+    return best;
+}
+
+static bool has_name_prefix(const char *entry)
+{
+    return !strncasecmp(entry, NAME_PREFIX, NAME_PREFIX_LEN);
+}
+
+static size_t name_length(const char *entry)
+{
+    const char *eq = strchr(entry, '=');
+    return eq ? (size_t)(eq - entry) : strlen(entry);
+}
+
+static void describe_unknown_name(const char *name, size_t len, const struct setting *near,
+                                  char *buf, size_t bufsz)
+{
+    char shown[NAME_MAX_LEN + 16], copy[NAME_MAX_LEN + 1];
+    size_t n = len < NAME_MAX_LEN ? len : NAME_MAX_LEN;
+    memcpy(copy, name, n);
+    copy[n] = '\0';
+    quote_for_log(copy, shown, sizeof shown);
+    if (near)
+        snprintf(buf, bufsz, "%s is not a pinshim setting (did you mean %s?)", shown, near->name);
+    else
+        snprintf(buf, bufsz, "%s is not a pinshim setting", shown);
+}
+
+/* ---- the checksum of what was already reported ---- */
+
+static uint64_t fnv1a(uint64_t h, const char *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)p[i];
+        h *= UINT64_C(0x100000001b3);
+    }
+    return h;
+}
+
+static uint64_t entry_hash(const char *name, const char *value)
+{
+    uint64_t h = fnv1a(UINT64_C(0xcbf29ce484222325), name, strlen(name));
+    h = fnv1a(h, "=", 1);
+    return fnv1a(h, value, strlen(value));
+}
+
+uint64_t config_env_checksum(const char *(*getenv_fn)(const char *name), char *const *envp)
+{
+    if (!getenv_fn)
+        getenv_fn = libc_getenv;
+    uint64_t sum = 0;   /* a sum, so that the order of the environment does not matter */
+    for (size_t i = 0; i < SETTING_COUNT; i++) {
+        if (settings[i].offset == offsetof(struct shim_config, checked))
+            continue;   /* what the sum is compared with */
+        const char *raw = getenv_fn(settings[i].name);
+        if (raw)
+            sum += entry_hash(settings[i].name, raw);
+    }
+    for (char *const *e = envp; e && *e; e++) {
+        size_t len = name_length(*e);
+        if (has_name_prefix(*e) && !setting_named(*e, len))
+            sum += fnv1a(UINT64_C(0xcbf29ce484222325), *e, strlen(*e));
+    }
+    return sum;
+}
+
+/* True when PINSHIM_CHECKED says this very environment was reported on already. */
+static bool already_reported(const char *(*getenv_fn)(const char *name), char *const *envp)
+{
+    char value[32];
+    uint64_t checked;
+    const char *raw = getenv_fn("PINSHIM_CHECKED");
+    if (!raw || trim_into(raw, value, sizeof value) != 0 || config_parse_uint(value, &checked) != 0)
+        return false;
+    return checked != 0 && checked == config_env_checksum(getenv_fn, envp);
+}
+
+/* ---- loading ---- */
+
+unsigned config_load_env(const char *(*getenv_fn)(const char *name), char *const *envp)
 {
     if (!getenv_fn)
         getenv_fn = libc_getenv;
     uint64_t phys_mem = config_physical_memory();
+    bool quiet = already_reported(getenv_fn, envp);
+    unsigned warnings = 0;
     char value[1024];
 
     memset(&shim_cfg, 0, sizeof shim_cfg);
@@ -378,16 +538,62 @@ void config_load(const char *(*getenv_fn)(const char *name))
         if (!raw)
             continue;
         if (trim_into(raw, value, sizeof value) != 0) {
-            warn_bad_value(s, raw);
+            warnings++;
+            if (!quiet)
+                warn_bad_value(s, raw);
             continue;
         }
         if (!value[0])
             continue;
         if (apply_value(s, value, phys_mem) != 0) {
-            warn_bad_value(s, raw);
+            warnings++;
+            if (!quiet)
+                warn_bad_value(s, raw);
             apply_value(s, s->default_text, phys_mem);   /* a failed parse stores nothing, but be sure */
         }
     }
+    for (char *const *e = envp; e && *e; e++) {
+        size_t len = name_length(*e);
+        if (!has_name_prefix(*e) || setting_named(*e, len))
+            continue;
+        const struct setting *near = closest_setting(*e, len);
+        if (near) {
+            char why[256];
+            warnings++;
+            describe_unknown_name(*e, len, near, why, sizeof why);
+            if (!quiet)
+                shim_log(LOG_WARN, "%s; it is ignored", why);
+        }
+    }
+    return warnings;
+}
+
+void config_load(const char *(*getenv_fn)(const char *name))
+{
+    extern char **environ;
+    config_load_env(getenv_fn, getenv_fn ? NULL : environ);
+}
+
+int config_check(const char *name, const char *value, char *why, size_t whysz)
+{
+    char trimmed[1024];
+    size_t len = strlen(name);
+    const struct setting *s = setting_named(name, len);
+    if (whysz)
+        why[0] = '\0';
+    if (!s) {
+        describe_unknown_name(name, len, closest_setting(name, len), why, whysz);
+        return -2;
+    }
+    struct shim_config saved = shim_cfg;   /* apply_value stores into the one config */
+    int rc = 0;
+    if (trim_into(value, trimmed, sizeof trimmed) != 0 ||
+        (trimmed[0] && apply_value(s, trimmed, config_physical_memory()) != 0)) {
+        describe_bad_value(s, value, why, whysz);
+        rc = -1;
+    }
+    shim_cfg = saved;
+    return rc;
 }
 
 /* ---- the table for the README check ---- */

@@ -36,13 +36,28 @@ struct shim_config {
     uint64_t log_level;           /* PINSHIM_LOG: 0 warnings only, 1 info, 2 debug */
     char report[512];             /* PINSHIM_REPORT: "" off, "1" stderr, else a path (%p, %r) */
     char stats[512];              /* PINSHIM_STATS: JSON path (%p, %r); "" off */
+    uint64_t checked;             /* PINSHIM_CHECKED: checksum of the variables already reported on */
 };
 
 extern struct shim_config shim_cfg;
 
 /* Read every setting from the environment; a bad value warns once, naming the variable, and
- * the default is used.  getenv_fn lets unit tests supply their own environment. */
+ * the default is used.  getenv_fn lets unit tests supply their own environment; NULL is the
+ * process's own, whose other PINSHIM_* names are then checked too (config_load_env). */
 void config_load(const char *(*getenv_fn)(const char *name));
+/* The same, and a name of envp (NULL: none) that is not a setting but within a typing slip of
+ * one warns once, naming the setting.  No warning at all while PINSHIM_CHECKED equals
+ * config_env_checksum of the same environment: someone reported on it already.  Returns the
+ * number of problems found (printed or not). */
+unsigned config_load_env(const char *(*getenv_fn)(const char *name), char *const *envp);
+/* A checksum of what config_load_env looks at: every setting that is set (except
+ * PINSHIM_CHECKED) and every other PINSHIM_* entry of envp, in any order. */
+uint64_t config_env_checksum(const char *(*getenv_fn)(const char *name), char *const *envp);
+/* Check one NAME=VALUE as config_load would read it: 0 when it would be used (an empty value
+ * means unset, also valid), -1 for a bad value, -2 when NAME is not a setting; why gets the
+ * one-line reason ("PINSHIM_X=\"v\" is not valid (expected ...)", "PINSHIM_Y is not a pinshim
+ * setting (did you mean PINSHIM_X?)"). */
+int config_check(const char *name, const char *value, char *why, size_t whysz);
 
 /* Parsers, exposed for unit tests.  Return 0 on success, -1 on a bad or overflowing value. */
 int config_parse_size(const char *text, uint64_t *out);          /* base 10, K/M/G/T (x1024) */

@@ -308,6 +308,105 @@ static void test_bad_values(void)
     CHECK(shim_cfg.copy_threads == 4 && shim_cfg.nvtx && shim_cfg.log_level == 0);
 }
 
+/* Load from an environment given as "NAME=VALUE" entries, through both doors config_load_env
+ * has (getenv for the settings, the entry list for other names); returns the lines logged. */
+static int load_entries(char **entries)
+{
+    static char names[ENV_MAX][128];
+    env_clear();
+    for (int i = 0; entries[i]; i++) {
+        const char *eq = strchr(entries[i], '=');
+        snprintf(names[i], sizeof names[i], "%.*s", (int)(eq - entries[i]), entries[i]);
+        env_set(names[i], eq + 1);
+    }
+    capture_start();
+    config_load_env(fake_getenv, entries);
+    return capture_stop();
+}
+
+static void test_unknown_names(void)
+{
+    char *slip[] = { "PINSHIM_BUGDET=1G", NULL };
+    CHECKF(load_entries(slip) == 1 && strstr(captured, "PINSHIM_BUGDET") &&
+               strstr(captured, "did you mean PINSHIM_BUDGET?") && !strncmp(captured, "pinshim[", 8),
+           "PINSHIM_BUGDET warns once, naming PINSHIM_BUDGET");
+    CHECK(shim_cfg.budget == config_physical_memory() / 100 * 25 + config_physical_memory() % 100 * 25 / 100);
+
+    static const struct { const char *entry, *meant; } slips[] = {
+        { "PINSHIM_STAT=x.json", "PINSHIM_STATS" }, { "PINSHIM_MINSIZE=1M", "PINSHIM_MIN_SIZE" },
+        { "PINSHIM_STAGING_BUFFER=4", "PINSHIM_STAGING_BUFFERS" }, { "pinshim_mode=pin", "PINSHIM_MODE" },
+        { "PINSHIM_COPY_THRAEDS=2", "PINSHIM_COPY_THREADS" }, { "PINSHIM_REPORTS=1", "PINSHIM_REPORT" },
+    };
+    for (size_t i = 0; i < sizeof slips / sizeof slips[0]; i++) {
+        char *one[] = { (char *)slips[i].entry, NULL };
+        char meant[64];
+        snprintf(meant, sizeof meant, "did you mean %s?", slips[i].meant);
+        CHECKF(load_entries(one) == 1 && strstr(captured, meant), "%s: one line naming %s",
+               slips[i].entry, slips[i].meant);
+    }
+    /* Names far from every setting are other tools' (the wrapper's PINSHIM_LIB, test knobs). */
+    char *far[] = { "PINSHIM_LIB=/x/libpinshim.so", "PINSHIM_GPU_JOBS=4", "PINSHIM_GPU_TIMEOUT=60",
+                    "PINSHIM_=1", "PINSHIM", "NOT_PINSHIM_BUDGET=1", "PINSHIM_LOG=1", NULL };
+    CHECKF(load_entries(far) == 0 && shim_cfg.log_level == 1, "far names and settings: no line");
+    static char long_entry[300];
+    memset(long_entry, 'B', sizeof long_entry - 1);
+    memcpy(long_entry, "PINSHIM_", 8);
+    long_entry[150] = '=';
+    char *long_name[] = { long_entry, NULL };
+    CHECK(load_entries(long_name) == 0);
+
+    /* config_check: what the wrapper refuses; any name that is not a setting, near or far. */
+    char why[512];
+    CHECK(config_check("PINSHIM_BUDGET", "8G", why, sizeof why) == 0 && !why[0]);
+    CHECK(config_check("PINSHIM_BUDGET", " 50% ", why, sizeof why) == 0);
+    CHECK(config_check("PINSHIM_BUDGET", "", why, sizeof why) == 0);
+    CHECK(config_check("PINSHIM_BUDGET", "banana", why, sizeof why) == -1 &&
+          strstr(why, "PINSHIM_BUDGET=\"banana\" is not valid (expected ") && !strstr(why, "default"));
+    CHECK(config_check("PINSHIM_LOG", "3", why, sizeof why) == -1 && strstr(why, "0..2"));
+    CHECK(config_check("PINSHIM_MODE", "fast", why, sizeof why) == -1 && strstr(why, "observe"));
+    CHECK(config_check("PINSHIM_BUGDET", "1G", why, sizeof why) == -2 &&
+          strstr(why, "did you mean PINSHIM_BUDGET?"));
+    CHECK(config_check("PINSHIM_FOO", "1", why, sizeof why) == -2 && strstr(why, "PINSHIM_FOO") &&
+          !strstr(why, "did you mean"));
+    uint64_t before = shim_cfg.min_size;
+    CHECK(config_check("PINSHIM_MIN_SIZE", "1M", why, sizeof why) == 0 && shim_cfg.min_size == before);
+}
+
+static void test_reported_once(void)
+{
+    /* The wrapper reported on this environment and says so with its checksum: silence. */
+    char *bad[] = { "PINSHIM_BUDGET=banana", "PINSHIM_BUGDET=1G", "PINSHIM_MODE=pin", NULL };
+    CHECK(load_entries(bad) == 2);
+    uint64_t sum = config_env_checksum(fake_getenv, bad);
+    CHECK(sum != 0);
+
+    char checked[64];
+    snprintf(checked, sizeof checked, "PINSHIM_CHECKED=%llu", (unsigned long long)sum);
+    char *quiet[] = { "PINSHIM_MODE=pin", "PINSHIM_BUGDET=1G", checked, "PINSHIM_BUDGET=banana", NULL };
+    CHECKF(load_entries(quiet) == 0, "a matching PINSHIM_CHECKED silences what was reported");
+    CHECK(shim_cfg.mode == MODE_PIN && shim_cfg.checked == sum);
+    CHECK(shim_cfg.budget == config_physical_memory() / 100 * 25 + config_physical_memory() % 100 * 25 / 100);
+    CHECK(config_env_checksum(fake_getenv, quiet) == sum);   /* order and the mark itself do not count */
+    char *unset_value[] = { "PINSHIM_BUDGET=banana", "PINSHIM_BUGDET=1G", "PINSHIM_MODE=", NULL };
+    load_entries(unset_value);
+    CHECK(config_env_checksum(fake_getenv, unset_value) != sum);   /* set to "" is not unset */
+
+    /* Anything changed since: the library speaks again, about everything. */
+    char *changed[] = { "PINSHIM_MODE=observe", "PINSHIM_BUGDET=1G", checked, "PINSHIM_BUDGET=banana", NULL };
+    CHECKF(load_entries(changed) == 2, "a changed environment warns again");
+    char *added[] = { "PINSHIM_MODE=pin", "PINSHIM_BUGDET=1G", checked, "PINSHIM_BUDGET=banana",
+                      "PINSHIM_STAT=x", NULL };
+    CHECK(load_entries(added) == 3);
+    char wrong[64];
+    snprintf(wrong, sizeof wrong, "PINSHIM_CHECKED=%llu", (unsigned long long)(sum + 1));
+    char *mismatch[] = { "PINSHIM_BUDGET=banana", "PINSHIM_BUGDET=1G", "PINSHIM_MODE=pin", wrong, NULL };
+    CHECK(load_entries(mismatch) == 2);
+    char *garbage[] = { "PINSHIM_CHECKED=banana", NULL };
+    CHECK(load_entries(garbage) == 1 && strstr(captured, "PINSHIM_CHECKED"));
+    char *zero[] = { "PINSHIM_CHECKED=0", NULL };
+    CHECK(load_entries(zero) == 0 && config_env_checksum(fake_getenv, zero) == 0);
+}
+
 static void test_expand_path(void)
 {
     static const char *const rank_vars[] = { "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID" };
@@ -423,6 +522,8 @@ int main(int argc, char **argv)
     test_defaults();
     test_valid_values();
     test_bad_values();
+    test_unknown_names();
+    test_reported_once();
     test_expand_path();
     test_print_table();
     test_log();
