@@ -45,6 +45,7 @@ void real_libc_resolve(void);
     X(cuCtxSynchronize, CUresult, (void))                                                   \
     X(cuDeviceGetAttribute, CUresult, (int *, CUdevice_attribute, CUdevice))                \
     X(cuPointerGetAttribute, CUresult, (void *, CUpointer_attribute, CUdeviceptr))          \
+    X(cuPointerGetAttributes, CUresult, (unsigned int, CUpointer_attribute *, void **, CUdeviceptr)) \
     X(cuStreamCreate, CUresult, (CUstream *, unsigned int))                                 \
     X(cuStreamDestroy_v2, CUresult, (CUstream))                                             \
     X(cuStreamSynchronize, CUresult, (CUstream))                                            \

@@ -186,7 +186,7 @@ static CUresult route(const struct copy_desc *d)
     int capturing = capture_active();
     int acting = shim_cfg.mode >= MODE_PIN && !capturing;
     struct copy_hold held = { NULL };
-    int stageable = acting && d->stageable && staging_available(d->bytes);
+    int stageable = acting && d->stageable && staging_available(d->bytes) && staging_ready();
     /* Every size is classified: a small copy inside a promoted block must still keep pageable
      * semantics; the cost model does not promote for small copies (their saving is tiny). */
     unsigned flags = (acting ? COPY_MAY_PROMOTE : 0) | (capturing ? COPY_CAPTURING : 0) |

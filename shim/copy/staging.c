@@ -193,6 +193,66 @@ static void lane_release(struct lane *l)
     pthread_mutex_unlock(&lanes_mu);
 }
 
+/* ---- lanes built off the copy's path ----
+ * Building a lane takes milliseconds (its buffers faulted in and registered, the first ever
+ * registration of a process the slowest), so the first large copy of a process would pay for
+ * it.  staging_ready() has a thread of its own build it instead; until it is there, copies are
+ * judged as if staging did not exist (a small resident block is registered, others take the
+ * driver's path). */
+static pthread_t builder;
+static int builder_running, builder_done;   /* lanes_mu; builder_done also atomic */
+
+static void *builder_main(void *arg)
+{
+    shim_enter();   /* this thread's work is the shim's own; never left */
+    CUcontext ctx = arg, popped;
+    if (drv.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+        struct lane *l = lane_acquire(ctx);
+        if (l)
+            lane_release(l);
+        drv.cuCtxPopCurrent_v2(&popped);
+    }
+    __atomic_store_n(&builder_done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* lanes_mu held: reap a builder that has finished. */
+static void builder_reap(void)
+{
+    if (builder_running && __atomic_load_n(&builder_done, __ATOMIC_ACQUIRE)) {
+        pthread_join(builder, NULL);
+        builder_running = 0;
+    }
+}
+
+int staging_ready(void)
+{
+    CUcontext ctx = NULL;
+    if (shim_forked_child || !drv.cuCtxGetCurrent || drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return 0;
+    int ready = 0, building = 0;
+    pthread_mutex_lock(&lanes_mu);
+    for (int i = 0; i < MAX_LANES; i++) {
+        if (lanes[i].state == LANE_EMPTY || lanes[i].ctx != ctx)
+            continue;
+        ready |= lanes[i].state == LANE_READY;
+        building |= lanes[i].state == LANE_BUILDING;
+    }
+    builder_reap();
+    if (!ready && !building && !builder_running) {
+        /* The program's signal handlers must never run on the shim's threads. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        __atomic_store_n(&builder_done, 0, __ATOMIC_RELAXED);
+        if (pthread_create(&builder, NULL, builder_main, ctx) == 0)
+            builder_running = 1;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
+    pthread_mutex_unlock(&lanes_mu);
+    return ready;
+}
+
 /* ---------------------------------------------------------------- the pipeline */
 
 /* One chunk: rows [row, row+nrows), bytes [col, col+ncols) of each, packed in staging. */
@@ -294,10 +354,25 @@ static CUresult buffer_free(struct lane *l, unsigned b)
 {
     if (!l->pending[b])
         return CUDA_SUCCESS;
-    CUresult r = drv.cuEventSynchronize(l->ev[b]);
+    CUresult r = drv.cuEventQuery(l->ev[b]);
+    if (r == CUDA_ERROR_NOT_READY) {
+        uint64_t t0 = shim_ticks();
+        r = drv.cuEventSynchronize(l->ev[b]);
+        stats_add(STAT_STAGING_WAIT_NS, shim_ns_since(t0));
+    }
     if (r == CUDA_SUCCESS)
         l->pending[b] = 0;
     return r;
+}
+
+/* One piece's CPU side, timed for the statistics (where a staged copy's time goes). */
+static void piece_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                       size_t rows, unsigned flags)
+{
+    uint64_t t0 = shim_ticks();
+    cpupool_copy(dst, dpitch, src, spitch, width, rows, flags);
+    stats_add(STAT_STAGING_CPU_NS, shim_ns_since(t0));
+    stats_add(STAT_STAGING_PIECES, 1);
 }
 
 /* Wait until no DMA of this copy uses the lane's buffers (after an error). */
@@ -327,7 +402,7 @@ static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, size
         char *buf = l->mem + (size_t)b * l->chunk;
         if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
             goto fail;
-        cpupool_copy(buf, p.ncols, piece_host(req, &p), req->host_pitch, p.ncols, p.nrows, flags);
+        piece_copy(buf, p.ncols, piece_host(req, &p), req->host_pitch, p.ncols, p.nrows, flags);
         if ((r = piece_dma(req, &p, buf, s)) != CUDA_SUCCESS)
             goto fail;
         seq++;
@@ -376,8 +451,8 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
         if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
             goto fail;
         const struct piece *p = &inflight[b];
-        cpupool_copy(piece_host(req, p), req->host_pitch, l->mem + (size_t)b * l->chunk, p->ncols,
-                     p->ncols, p->nrows, flags);
+        piece_copy(piece_host(req, p), req->host_pitch, l->mem + (size_t)b * l->chunk, p->ncols,
+                   p->ncols, p->nrows, flags);
         completed++;
     }
     *result = CUDA_SUCCESS;
@@ -424,13 +499,21 @@ static int device_range_ok(CUdeviceptr dev, size_t extent)
     unsigned int type = 0;
     CUdeviceptr start = 0;
     size_t size = 0;
-    if (drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev) != CUDA_SUCCESS ||
-        (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED))
+    if (drv.cuPointerGetAttributes) {
+        /* One call for the three (unknown pointers read as zero). */
+        CUpointer_attribute attrs[3] = { CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                         CU_POINTER_ATTRIBUTE_RANGE_SIZE };
+        void *data[3] = { &type, &start, &size };
+        if (drv.cuPointerGetAttributes(3, attrs, data, dev) != CUDA_SUCCESS)
+            return 0;
+    } else if (drv.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev) != CUDA_SUCCESS ||
+               drv.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dev) != CUDA_SUCCESS ||
+               drv.cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, dev) != CUDA_SUCCESS) {
         return 0;
-    if (drv.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dev) != CUDA_SUCCESS ||
-        drv.cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, dev) != CUDA_SUCCESS)
+    }
+    if (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED)
         return 0;
-    return dev >= start && dev - start <= size && extent <= size - (dev - start);
+    return size && dev >= start && dev - start <= size && extent <= size - (dev - start);
 }
 
 /* The copy threads may touch [p, p+n): memory the shim tracks, or memory the driver does not
@@ -556,6 +639,16 @@ out:
 void staging_shutdown(void)
 {
     cpupool_shutdown();
+    if (!shim_forked_child) {
+        pthread_mutex_lock(&lanes_mu);
+        int running = builder_running;
+        builder_running = 0;
+        pthread_mutex_unlock(&lanes_mu);
+        if (running)
+            pthread_join(builder, NULL);   /* a build in progress ends before the driver does */
+    } else {
+        builder_running = 0;
+    }
     if (shim_forked_child) {
         /* The child must not touch the driver: forget the lanes (their lock may have been held
          * by a thread that is gone) and give the buffers' pages back. */

@@ -25,6 +25,10 @@ struct stage_req {
 /* Whether staging could take a copy of this many bytes now (mode, settings, buffers). */
 int staging_available(size_t bytes);
 
+/* Whether a lane of the current context is built; if none is, one is built on a thread of
+ * its own (the copy's path never waits for it). */
+int staging_ready(void);
+
 /* Run the copy through staging.  On return the copy is complete (H2D: the device has the data;
  * D2H: the host has it), ordered after the work the original call would have waited for.
  * Returns 1 when staged (*result holds the outcome), 0 when staging declined before moving any

@@ -999,7 +999,10 @@ static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, in
     if (b->no_promote || b->changing || b->state != BLOCK_PAGEABLE || b->bg_queued)
         return stageable ? COST_STAGE : COST_LEAVE;
     /* Promotion switched off for good: no cost model and no mincore on every copy. */
-    if (__atomic_load_n(&promotion_state, __ATOMIC_ACQUIRE) < 0)
+    /* Decided once a context exists: whether registering is possible at all (device, budget),
+     * which staged-only workloads would otherwise never ask (a block freed after its transfer
+     * is registered on its way out only where it is). */
+    if (!registry_promotion_enabled())
         return stageable ? COST_STAGE : COST_LEAVE;
     if (!b->copy_ctx)
         drv.cuCtxGetCurrent(&b->copy_ctx);

@@ -697,8 +697,18 @@ static void write_json(struct out *o)
     out_fmt(o, "\"rewrites\":{\"sync_to_async\":%llu,\"async_waited\":%llu,"
                "\"ordering_wait_seconds\":%.6f},\n",
             C(REWRITE_SYNC_TO_ASYNC), C(REWRITE_ASYNC_WAITED), seconds(stats_get(STAT_ORDERING_WAIT_NS)));
-    out_fmt(o, "\"staging\":{\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"failures\":%llu},\n",
-            C(STAGED_COPIES), C(STAGED_BYTES), seconds(stats_get(STAT_STAGED_NS)), C(STAGING_FAILURES));
+    out_fmt(o, "\"staging\":{\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"failures\":%llu,"
+               "\"pieces\":%llu,\"cpu_seconds\":%.6f,\"wait_seconds\":%.6f,\"one_shot\":%llu,"
+               "\"while_registering\":%llu},\n",
+            C(STAGED_COPIES), C(STAGED_BYTES), seconds(stats_get(STAT_STAGED_NS)), C(STAGING_FAILURES),
+            C(STAGING_PIECES), seconds(stats_get(STAT_STAGING_CPU_NS)), seconds(stats_get(STAT_STAGING_WAIT_NS)),
+            C(STAGED_ONE_SHOT), C(STAGED_WHILE_REGISTERING));
+    out_fmt(o, "\"background\":{\"registrations\":%llu,\"cached_on_free\":%llu},\n",
+            C(BACKGROUND_REGISTRATIONS), C(CACHED_ON_FREE));
+    out_fmt(o, "\"bounce\":{\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"to_pinned\":%llu,"
+               "\"from_pinned\":%llu},\n",
+            C(BOUNCE_COPIES), C(BOUNCE_BYTES), seconds(stats_get(STAT_BOUNCE_NS)), C(BOUNCE_TO_PINNED),
+            C(BOUNCE_FROM_PINNED));
     {   /* node budget (nodebudget.c): the ceiling, bytes held on the node, by this process */
         uint64_t nb, nb_used, nb_mine;
         nodebudget_usage(&nb, &nb_used, &nb_mine);

@@ -48,6 +48,9 @@ enum mem_kind {
     X(BACKGROUND_REGISTRATIONS, "background_registrations") \
     X(STAGED_WHILE_REGISTERING, "staged_while_registering") \
     X(CACHED_ON_FREE, "cached_on_free")                     \
+    X(STAGING_CPU_NS, "staging_cpu_ns")                     \
+    X(STAGING_WAIT_NS, "staging_wait_ns")                   \
+    X(STAGING_PIECES, "staging_pieces")                     \
     X(BOUNCE_COPIES, "bounce_copies")                       \
     X(BOUNCE_BYTES, "bounce_bytes")                         \
     X(BOUNCE_NS, "bounce_ns")                               \
