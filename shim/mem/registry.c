@@ -607,6 +607,34 @@ void *registry_cache_take(size_t n, size_t align)
     return best ? (void *)best->base : NULL;
 }
 
+/* The program freed b while its registration was changing (mu held, the change over): the
+ * free is carried out now, as registry_free would have.  b may be gone on return. */
+static void finish_free(struct block *b)
+{
+    b->freed_pending = 0;
+    if (b->state == BLOCK_PROMOTED) {
+        cache_put(b);
+        return;
+    }
+    uintptr_t map = b->origin == ORIGIN_HUGE ? b->map_base : 0;
+    size_t len = b->map_len;
+    forget(b, 1);
+    if (map)
+        os_unmap((void *)map, len);   /* a huge block's mapping: nobody else has it */
+}
+
+/* The end of a registration change of b (mu held): whoever waits for it may go on, and a free
+ * that came meanwhile is carried out (a background registration's own end does that in
+ * bg_finish).  b may be gone on return. */
+static void change_done(struct block *b)
+{
+    b->changing = 0;
+    b->bg_registering = 0;
+    pthread_cond_broadcast(&settled);
+    if (b->freed_pending && !b->bg_queued)
+        finish_free(b);
+}
+
 /* ---------------------------------------------------------------- budget and promotion */
 
 static void disable_promotion(const char *reason)
@@ -704,8 +732,7 @@ static int make_room(size_t need, struct block *keep)
             stats_add(STAT_CACHE_RELEASED, 1);
         } else {
             pthread_mutex_lock(&mu);
-            victim->changing = 0;
-            pthread_cond_broadcast(&settled);
+            change_done(victim);
             pthread_mutex_unlock(&mu);
         }
     }
@@ -776,12 +803,13 @@ static int promote(struct block *b, int background)
         pthread_mutex_unlock(&mu);
         uint64_t t0 = shim_now_ns();
         nvtx_push(background ? "pinshim promote (background)" : "pinshim promote");
+        /* Relaxed: the program's capture on another thread must not be invalidated by it. */
+        CUstreamCaptureMode saved_mode = relax_capture();
         CUresult r = register_range(base, len, flags);
+        restore_capture(saved_mode);
         nvtx_pop();
         stats_add(STAT_REGISTER_NS, shim_now_ns() - t0);
         pthread_mutex_lock(&mu);
-        b->changing = 0;
-        b->bg_registering = 0;
         if (r == CUDA_SUCCESS) {
             b->state = BLOCK_PROMOTED;
             b->reg_base = base;
@@ -796,7 +824,7 @@ static int promote(struct block *b, int background)
              * pageable and the copy takes the original path. */
             b->no_promote = 1;
         }
-        pthread_cond_broadcast(&settled);
+        change_done(b);   /* the caller's hold keeps b */
         pthread_mutex_unlock(&mu);
         if (promoted) {
             update_registered((int64_t)len);
@@ -823,8 +851,7 @@ static void let_go(struct block *b)
     pthread_mutex_unlock(&mu);
     unregister_range(u.base, u.len, u.ctx, u.pending);
     pthread_mutex_lock(&mu);
-    b->changing = 0;
-    pthread_cond_broadcast(&settled);
+    change_done(b);
 }
 
 /* ---------------------------------------------------------------- background registration
@@ -862,18 +889,8 @@ static void bg_finish(struct block *b)
 {
     b->bg_queued = 0;
     b->bg_cancel = 0;
-    if (b->freed_pending) {
-        b->freed_pending = 0;
-        if (b->state == BLOCK_PROMOTED) {
-            cache_put(b);
-        } else {
-            uintptr_t map = b->origin == ORIGIN_HUGE ? b->map_base : 0;
-            size_t len = b->map_len;
-            forget(b, 1);
-            if (map)
-                os_unmap((void *)map, len);   /* a huge block's mapping: nobody else has it */
-        }
-    }
+    if (b->freed_pending)
+        finish_free(b);   /* the queue's hold keeps b until hold_release */
     hold_release(b);
 }
 
@@ -998,11 +1015,8 @@ static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, in
 {
     if (b->no_promote || b->changing || b->state != BLOCK_PAGEABLE || b->bg_queued)
         return stageable ? COST_STAGE : COST_LEAVE;
-    /* Promotion switched off for good: no cost model and no mincore on every copy. */
-    /* Decided once a context exists: whether registering is possible at all (device, budget),
-     * which staged-only workloads would otherwise never ask (a block freed after its transfer
-     * is registered on its way out only where it is). */
-    if (!registry_promotion_enabled())
+    /* Promotion switched off for good (or not decided yet: registry_copy_begin asks first). */
+    if (__atomic_load_n(&promotion_state, __ATOMIC_ACQUIRE) <= 0)
         return stageable ? COST_STAGE : COST_LEAVE;
     if (!b->copy_ctx)
         drv.cuCtxGetCurrent(&b->copy_ctx);
@@ -1039,6 +1053,11 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
         return MEM_PINNED;
     if (!arena_contains(p) && !index_may_contain(p))
         return MEM_PAGEABLE;
+    /* Decided once a context exists, before mu (it takes change_mu): whether registering is
+     * possible at all, which staged-only workloads would otherwise never ask (a block freed
+     * after its transfer is registered on its way out only where it is). */
+    if ((flags & COPY_MAY_PROMOTE) && !__atomic_load_n(&promotion_state, __ATOMIC_ACQUIRE))
+        registry_promotion_enabled();
     pthread_mutex_lock(&mu);
     /* A block whose registration is being made or removed: until that is done the driver may
      * see it pinned while the records say pageable, so the driver's own path is not right yet:
@@ -1059,7 +1078,7 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
         wait_settled(b);
         b = lookup(p, make);
     }
-    if (!b || b->state == BLOCK_CACHED || b->dead || p + n > b->map_base + b->map_len) {
+    if (!b || b->state == BLOCK_CACHED || b->dead || b->freed_pending || p + n > b->map_base + b->map_len) {
         pthread_mutex_unlock(&mu);
         return MEM_PAGEABLE;
     }
@@ -1272,15 +1291,15 @@ enum registry_free_result registry_free(uintptr_t p, struct arena_slot *slot, ui
         pthread_mutex_unlock(&mu);
         return REG_FREE_NOT_MINE;
     }
-    if (b->bg_queued) {
-        /* Waiting for, or in, a background registration: its end decides (bg_finish). */
+    /* free() never calls the driver, nor waits for a registration change: it may run where CUDA
+     * calls are not allowed (inside a host callback), where an unregister in progress, which
+     * waits for the device to be idle, would never end.  A free during a change (or while a
+     * background registration is queued) is carried out when the change ends. */
+    if (b->bg_queued || b->changing) {
         b->freed_pending = 1;
         pthread_mutex_unlock(&mu);
         return REG_FREE_DONE;
     }
-    /* free() never calls the driver: it may run where CUDA calls are not allowed (inside a host
-     * callback), and an unregister would stall until the device is idle. */
-    wait_settled(b);
     if (b->state == BLOCK_PROMOTED && !shim_forked_child) {
         /* Kept registered for the next allocation that fits. */
         cache_put(b);
@@ -1473,8 +1492,7 @@ int registry_release_range(uintptr_t p, size_t n, int drop)
         if (nkept) {
             pthread_mutex_lock(&mu);
             for (size_t i = 0; i < nkept; i++)
-                kept[i]->changing = 0;
-            pthread_cond_broadcast(&settled);
+                change_done(kept[i]);
             pthread_mutex_unlock(&mu);
         }
         if (!w.more)
@@ -1493,12 +1511,22 @@ struct protect_args {
 /* mu held: b's pages in [p, end) now have protection prot. */
 static void protect_block(struct block *b, const struct protect_args *a)
 {
+    if (b->changing) {
+        /* A registration being made now would keep flags for the old protections: wait for it
+         * (the hold keeps the record, and keeps a new registration from starting). */
+        b->pageable_users++;
+        wait_settled(b);
+        int gone = b->dead;
+        pageable_release(b);
+        if (gone)
+            return;
+    }
     int whole = a->p <= b->map_base && a->end >= b->map_base + b->map_len;
     int prot = whole ? a->prot : (b->prot & a->prot);
     if (!whole && a->prot != b->prot)
         b->no_promote = 1;   /* mixed protections: no one registration fits them */
     b->prot = prot;
-    if (b->state == BLOCK_PAGEABLE || b->changing)
+    if (b->state == BLOCK_PAGEABLE || b->changing || b->freed_pending)
         return;
     int reg_read_only = (b->reg_flags & CU_MEMHOSTREGISTER_READ_ONLY) != 0;
     int writable = (prot & PROT_WRITE) != 0;
@@ -1594,8 +1622,7 @@ CUresult registry_program_unregister(void *p, CUresult (*unreg)(void *))
     CUresult r = unreg(p);
     if (claimed) {
         pthread_mutex_lock(&mu);
-        claimed->changing = 0;
-        pthread_cond_broadcast(&settled);
+        change_done(claimed);
         pthread_mutex_unlock(&mu);
     }
     if (r == CUDA_SUCCESS)
