@@ -82,8 +82,9 @@ $(BUILD)/bench/drv_%: bench/drv_%.c $(FAKE_LIB)
 test: all
 	@tests/run_all.sh $(BUILD)
 
+# `make stress LONG=1`: the long mode (tests/run_stress.sh says what it runs).
 stress: all
-	@tests/run_stress.sh $(BUILD) $(SEEDS)
+	@STRESS_LONG=$(LONG) tests/run_stress.sh $(BUILD) $(SEEDS)
 
 bench: all
 	@bench/run_bench.sh $(BUILD)
