@@ -136,8 +136,9 @@ test: all
 	@scripts/deps.sh --quiet python
 	@tests/run_all.sh $(BUILD)
 
+# `make stress LONG=1`: the long mode (tests/run_stress.sh says what it runs).
 stress: all
-	@tests/run_stress.sh $(BUILD) $(SEEDS)
+	@STRESS_LONG=$(LONG) tests/run_stress.sh $(BUILD) $(SEEDS)
 
 bench: all
 	@scripts/deps.sh --quiet python

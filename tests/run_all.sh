@@ -79,11 +79,10 @@ if bad:
 PY
 }
 
-echo "== programs on the checking fake driver, without and with the shim"
-for t in "$BUILD"/tests/fake/test_*; do
-    [ -x "$t" ] || continue
+# in_variants PROGRAM: the program without the shim and under it in every variant.
+in_variants() {
+    local t=$1 n v vname venv log json envs
     n=$(basename "$t")
-    case $n in test_fake_*) continue ;; esac
     for v in "${VARIANTS[@]}"; do
         vname=${v%%|*}; venv=${v#*|}
         log="$LOGDIR/$n-$vname.log"; json="$LOGDIR/$n-$vname.json"
@@ -108,7 +107,27 @@ for t in "$BUILD"/tests/fake/test_*; do
         fi
         note_pass "$n [$vname]"
     done
+}
+
+echo "== programs on the checking fake driver, without and with the shim"
+for t in "$BUILD"/tests/fake/test_*; do
+    [ -x "$t" ] || continue
+    case $(basename "$t") in test_fake_*) continue ;; esac
+    in_variants "$t"
 done
+
+# Hostile but legal programs (tests/fake/hostile_*.c): each passes without the shim; they run
+# under it only when PINSHIM_HOSTILE_TESTS=1.
+echo "== hostile programs on the checking fake driver, without and with the shim"
+if [ "${PINSHIM_HOSTILE_TESTS:-0}" = 1 ]; then
+    for t in "$BUILD"/tests/fake/hostile_*; do
+        [ -x "$t" ] || continue
+        in_variants "$t"
+    done
+else
+    skip=$((skip + 1))
+    echo "SKIP hostile programs: PINSHIM_HOSTILE_TESTS=1 runs them"
+fi
 
 echo "== randomized differential stress"
 run "stress (3 seeds)" "$LOGDIR/stress.log" tests/run_stress.sh "$BUILD" 3

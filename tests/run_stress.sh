@@ -1,20 +1,41 @@
 #!/usr/bin/env bash
-# Randomized differential stress on the checking fake driver (`make stress SEEDS=...`).
+# Randomized differential stress on the checking fake driver (`make stress SEEDS=...`, and the
+# long mode `make stress LONG=1`).
 #
 #   tests/run_stress.sh BUILD [SEEDS]
 #
-# SEEDS: a count N (seeds 1..N) or a range START:COUNT; default 3.  Builds tests/stress/stress.c
-# into BUILD/tests/stress/, then runs every seed without the shim and under each variant below.
+# SEEDS: a count N (seeds 1..N) or a range START:COUNT; default 3 (long mode: 1000).  Builds
+# tests/stress/stress.c into BUILD/tests/stress/, then runs every seed without the shim and under
+# each variant below.
 # A variant passes when the program exits 0 (its own checks: driver answers, budget, zero pages,
 # watchdog), prints the same CHECKSUM as the run without the shim, the fake driver reports no
 # violation, and the shim wrote nothing to stderr unasked.  Every failure prints the command that
 # replays it.  Settings (environment):
 #   STRESS_THREADS (4), STRESS_OPS (300 per thread), STRESS_TIMEOUT (120 s per run),
 #   STRESS_JOBS (1: seeds run one at a time), STRESS_VARIANTS (names to run, default all but
-#   the extra ones; "all" for every one), FAKECUDA_ASYNC_DELAY_US (20).
+#   the extra ones; "all" for every one), FAKECUDA_ASYNC_DELAY_US (20),
+#   STRESS_DELAYS (a list of FAKECUDA_ASYNC_DELAY_US values: seed N runs with the (N mod k)-th;
+#   default the one above), STRESS_PER_SEED (0: every variant for each seed; K: K of them per
+#   seed, in rotation, so that consecutive seeds cover them all), STRESS_POOL (256 live
+#   64-256 KiB blocks per thread), STRESS_HOSTILE (0; 1 adds what today's shim is known not to
+#   survive: mappings made read-only then written, a signal handler that calls malloc),
+#   STRESS_DEADLINE (seconds; no seed starts after it, and the run fails as incomplete; 0: none).
+# Long mode (STRESS_LONG=1): 1000 seeds, one parallel job per CPU, delays "20 0" (async work
+# delayed by 20 us, and run as soon as its worker gets to it), 2 of the 7 variants per seed
+# (all 7 over every 7 seeds, each under both delays), 512 live blocks per thread (2048 per
+# process), hostile operations on, a one-hour deadline: 3000 runs, 3.6 million operations,
+# about half an hour on 2 idle cores; each setting above still overrides.
 set -u
 BUILD=${1:-build}
-SEEDS=${2:-3}
+LONG=${STRESS_LONG:-}
+[ "$LONG" = 0 ] && LONG=""
+if [ -n "$LONG" ]; then
+    SEEDS=${2:-1000}
+    : "${STRESS_JOBS:=$(nproc 2>/dev/null || echo 2)}" "${STRESS_DELAYS:=20 0}" "${STRESS_PER_SEED:=2}"
+    : "${STRESS_POOL:=512}" "${STRESS_HOSTILE:=1}" "${STRESS_DEADLINE:=3600}" "${STRESS_VARIANTS:=all}"
+else
+    SEEDS=${2:-3}
+fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 SHIM=$ROOT/$BUILD/libpinshim.so
@@ -25,7 +46,11 @@ THREADS=${STRESS_THREADS:-4}
 OPS=${STRESS_OPS:-300}
 TMO=${STRESS_TIMEOUT:-120}
 JOBS=${STRESS_JOBS:-1}
-DELAY=${FAKECUDA_ASYNC_DELAY_US:-20}
+read -r -a DELAYS <<<"${STRESS_DELAYS:-${FAKECUDA_ASYNC_DELAY_US:-20}}"
+PER_SEED=${STRESS_PER_SEED:-0}
+POOL=${STRESS_POOL:-256}
+HOSTILE=${STRESS_HOSTILE:-0}
+DEADLINE=${STRESS_DEADLINE:-0}
 WATCHDOG=$((TMO > 20 ? TMO - 10 : TMO))
 
 die() { echo "run_stress: $*" >&2; exit 2; }
@@ -37,6 +62,10 @@ case $SEEDS in
     *) first=1; count=$SEEDS ;;
 esac
 [[ $first =~ ^[0-9]+$ && $count =~ ^[0-9]+$ ]] || die "SEEDS must be a count N or START:COUNT, not '$SEEDS'"
+[ "${#DELAYS[@]}" -gt 0 ] || die "STRESS_DELAYS is empty"
+for d in "${DELAYS[@]}"; do [[ $d =~ ^[0-9]+$ ]] || die "STRESS_DELAYS: '$d' is not a number of microseconds"; done
+[[ $PER_SEED =~ ^[0-9]+$ && $POOL =~ ^[0-9]+$ && $DEADLINE =~ ^[0-9]+$ ]] ||
+    die "STRESS_PER_SEED, STRESS_POOL and STRESS_DEADLINE are whole numbers"
 
 # Build the generator program, with the test programs' flags.
 CUDA_INC=${CUDA_INC:-$(for d in /usr/local/cuda /usr/local/cuda-* /usr; do [ -f "$d/include/cuda.h" ] && { echo "$d/include"; break; }; done)}
@@ -72,20 +101,26 @@ for v in "${ALL_VARIANTS[@]}"; do
     VARIANTS+=("$v")
 done
 
+[ "$PER_SEED" -gt "${#VARIANTS[@]}" ] && PER_SEED=${#VARIANTS[@]}
+
 rm -rf "$LOGDIR"; mkdir -p "$LOGDIR"
-ARGS=(--threads "$THREADS" --ops "$OPS" --watchdog "$WATCHDOG")
+ARGS=(--threads "$THREADS" --ops "$OPS" --watchdog "$WATCHDOG" --pool "$POOL")
+
+# delay_of SEED: the FAKECUDA_ASYNC_DELAY_US of that seed's runs.
+delay_of() { echo "${DELAYS[$(($1 % ${#DELAYS[@]}))]}"; }
 
 # replay_cmd VARIANT_ENV SEED: the exact command line of one run.
 replay_cmd() {
     local venv=$1 seed=$2 pre=""
     [ -n "$venv" ] && pre="LD_PRELOAD=$SHIM $venv "
-    echo "cd $ROOT && env LD_LIBRARY_PATH=$FAKE FAKECUDA_ASYNC_DELAY_US=$DELAY ${pre}$BIN --seed $seed ${ARGS[*]}"
+    echo "cd $ROOT && env LD_LIBRARY_PATH=$FAKE FAKECUDA_ASYNC_DELAY_US=$(delay_of "$seed") STRESS_HOSTILE=$HOSTILE" \
+         "${pre}$BIN --seed $seed ${ARGS[*]}"
 }
 
 # run_one SEED NAME VARIANT_ENV: run, leave NAME.log and NAME.err; prints rc.
 run_one() {
     local seed=$1 name=$2 venv=$3 dir=$LOGDIR/seed-$1
-    local envs=(LD_LIBRARY_PATH="$FAKE" FAKECUDA_ASYNC_DELAY_US="$DELAY")
+    local envs=(LD_LIBRARY_PATH="$FAKE" FAKECUDA_ASYNC_DELAY_US="$(delay_of "$seed")" STRESS_HOSTILE="$HOSTILE")
     if [ -n "$venv" ]; then
         envs+=(LD_PRELOAD="$SHIM")
         # shellcheck disable=SC2206
@@ -105,6 +140,7 @@ run_seed() {
     : >"$out"
     local rc ref ops viol
     rc=$(run_one "$seed" plain "")
+    case $rc in 124|137|99) echo "HANG 1" >>"$out" ;; esac
     ref=$(field CHECKSUM "$dir/plain.log")
     ops=$(field OPS "$dir/plain.log"); viol=$(grep -c 'fakecuda: VIOLATION' "$dir/plain.err")
     echo "OPS ${ops:-0}" >>"$out"; echo "VIOL $viol" >>"$out"
@@ -119,9 +155,11 @@ run_seed() {
         ref=""
     fi
     local v name venv sum why
-    for v in "${VARIANTS[@]}"; do
+    for v in $(seed_variants "$seed"); do
+        v=${VARIANTS[$v]}
         name=${v%%|*}; venv=${v#*|}
         rc=$(run_one "$seed" "$name" "$venv")
+        case $rc in 124|137|99) echo "HANG 1" >>"$out" ;; esac
         sum=$(field CHECKSUM "$dir/$name.log")
         ops=$(field OPS "$dir/$name.log"); viol=$(grep -c 'fakecuda: VIOLATION' "$dir/$name.err")
         echo "OPS ${ops:-0}" >>"$out"; echo "VIOL $viol" >>"$out"
@@ -154,13 +192,30 @@ run_seed() {
             } >>"$out"
         fi
     done
-    grep -E '^(PASS|FAIL|    )' "$out"
+    if [ -n "$LONG" ]; then grep -A12 '^FAIL' "$out" | grep -E '^(FAIL|    )'; else grep -E '^(PASS|FAIL|    )' "$out"; fi
 }
 
-echo "== stress: seeds $first..$((first + count - 1)), $THREADS threads x $OPS ops, variants: plain" \
-     "$(for v in "${VARIANTS[@]}"; do printf '%s ' "${v%%|*}"; done)(FAKECUDA_ASYNC_DELAY_US=$DELAY)"
+# seed_variants SEED: the indices in VARIANTS of the variants that seed runs.
+seed_variants() {
+    local n=${#VARIANTS[@]} k=$PER_SEED j
+    [ "$k" -eq 0 ] && k=$n
+    for ((j = 0; j < k; j++)); do echo $(((($1 * k) + j) % n)); done
+}
+
+echo "== stress: seeds $first..$((first + count - 1)), $THREADS threads x $OPS ops, $POOL live blocks per thread," \
+     "hostile operations $([ "$HOSTILE" = 1 ] && echo on || echo off), variants: plain" \
+     "$(for v in "${VARIANTS[@]}"; do printf '%s ' "${v%%|*}"; done)$([ "$PER_SEED" -gt 0 ] && echo "($PER_SEED per seed) ")" \
+     "(FAKECUDA_ASYNC_DELAY_US=${DELAYS[*]}$([ "${#DELAYS[@]}" -gt 1 ] && echo ' by seed'), $JOBS job(s))"
 t0=$(date +%s)
+stopped=""
 for ((s = first; s < first + count; s++)); do
+    if [ "$DEADLINE" -gt 0 ] && [ $(($(date +%s) - t0)) -ge "$DEADLINE" ]; then
+        stopped=$s
+        break
+    fi
+    if [ -n "$LONG" ] && [ $(((s - first) % 50)) -eq 0 ]; then
+        echo "   seed $s of $first..$((first + count - 1)), $(($(date +%s) - t0)) s"
+    fi
     if [ "$JOBS" -le 1 ]; then
         run_seed "$s"
     else
@@ -170,7 +225,7 @@ for ((s = first; s < first + count; s++)); do
 done
 wait
 
-pass=0 fail=0 ops=0 viol=0 seeds=0
+pass=0 fail=0 ops=0 viol=0 seeds=0 hangs=0
 for ((s = first; s < first + count; s++)); do
     r=$LOGDIR/seed-$s/result
     [ -f "$r" ] || continue
@@ -178,10 +233,15 @@ for ((s = first; s < first + count; s++)); do
     pass=$((pass + $(grep -c '^PASS' "$r")))
     fail=$((fail + $(grep -c '^FAIL' "$r")))
     while read -r k n; do
-        case $k in OPS) ops=$((ops + n)) ;; VIOL) viol=$((viol + n)) ;; esac
-    done < <(grep -E '^(OPS|VIOL) ' "$r")
+        case $k in OPS) ops=$((ops + n)) ;; VIOL) viol=$((viol + n)) ;; HANG) hangs=$((hangs + n)) ;; esac
+    done < <(grep -E '^(OPS|VIOL|HANG) ' "$r")
 done
-echo "stress totals: $seeds seeds, $((pass + fail)) runs, $ops operations, $viol violations, $(($(date +%s) - t0)) s; logs in $LOGDIR"
+echo "stress totals: $seeds seeds, $((pass + fail)) runs, $ops operations, $viol violations, $hangs hangs," \
+     "$(($(date +%s) - t0)) s; logs in $LOGDIR"
+if [ -n "$stopped" ]; then
+    echo "incomplete: the ${DEADLINE} s deadline passed before seed $stopped; seeds $stopped..$((first + count - 1)) did not run"
+    fail=$((fail + 1))
+fi
 if [ "$fail" -gt 0 ]; then
     echo "failed:"
     grep -h '^FAIL' "$LOGDIR"/seed-*/result | sed 's/^/  /'

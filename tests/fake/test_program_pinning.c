@@ -53,6 +53,9 @@ static int roundtrip(unsigned char *p, size_t len, unsigned seed)
 /* Async both ways on s, for memory the program pinned itself. */
 static int roundtrip_async(unsigned char *p, size_t len, unsigned seed, CUstream s)
 {
+    /* s does not wait for the legacy stream, and a pageable cuMemcpyHtoD there returns once its
+     * source is staged, before its DMA to dev is done: let that land first. */
+    CU(cuStreamSynchronize(CU_STREAM_LEGACY));
     fill_pattern(p, len, seed);
     CU(cuMemcpyHtoDAsync(dev, p, len, s));
     CU(cuStreamSynchronize(s));

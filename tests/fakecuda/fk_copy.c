@@ -66,6 +66,9 @@ static CUresult validate(xfer *x)
         size_t span = end_span(e, x->w, x->h, x->d);
         if (e->isdev) {
             if (!(e->backing = fk_dev_resolve((uintptr_t)e->addr, span, NULL))) return CUDA_ERROR_INVALID_VALUE;
+        } else if (fk_overlaps_dev((uintptr_t)e->addr, span)) {
+            /* A host range running into device addresses is no host memory. */
+            return CUDA_ERROR_INVALID_VALUE;
         } else if (hd[i] && !fk_hreg_pinned(e->addr, span)) {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -124,6 +127,7 @@ static CUresult do_copy(const char *what, xfer *x, CUstream hs, int ptds, int as
     int snapshot = src_host && (!op->src.pinned || force_snapshot);
     /* Pageable sync HtoD: "a stream sync is performed before the copy is initiated". */
     if (snapshot && !async_api) fk_wait_stream_and_deps(s);
+    else if (snapshot) fk_wait_hostfns_before(s);
     classify(op, 1);    /* again: state may have changed while waiting */
     snapshot = src_host && (!op->src.pinned || force_snapshot);
     if (snapshot) {
@@ -163,6 +167,14 @@ static int host_end_ok(fk_op *op, fk_end *e, const char *side)
             return 0;
         }
         fk_check_reg_mapped(h);
+        /* A read-only registration is mapped read-only for the device: its DMA write faults
+         * on a GPU, whatever the host's own protection of the pages says now. */
+        if (e == &op->dst && !h->hostalloc && (h->flags & CU_MEMHOSTREGISTER_READ_ONLY)) {
+            fk_violation("DMA write into a range registered CU_MEMHOSTREGISTER_READ_ONLY (%s, destination "
+                         "%p+%zu, registration %p+%zu); the copy did not land", op->what, (void *)e->addr,
+                         span, (void *)h->base, h->size);
+            return 0;
+        }
         if (!fk_range_mapped(e->addr, span)) {
             fk_violation("DMA through the pinned path but the host range is no longer mapped "
                          "(%s, %s %p+%zu)", op->what, side, (void *)e->addr, span);

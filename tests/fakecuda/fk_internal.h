@@ -107,6 +107,7 @@ struct CUstream_st {
     fk_op *head, *tail;
     uint64_t enq_seq, done_seq;  /* ops enqueued / completed so far; positions are seq numbers */
     int worker;                  /* a worker thread is draining this queue */
+    int hostfn_running;          /* a host function of this stream runs now (lock released) */
     int destroyed;
     fk_capture *cap;             /* capture this stream currently belongs to */
     fk_stream *ctx_next;
@@ -226,6 +227,8 @@ CUresult fk_submit(fk_stream *s, fk_op *op);
 void fk_wait_pos(fk_stream *s, uint64_t seq);
 /* Block until the deps an op on s would get now, and s's current position, are complete. */
 void fk_wait_stream_and_deps(fk_stream *s);
+/* Block while a host function that work enqueued on s now would follow is running. */
+void fk_wait_hostfns_before(fk_stream *s);
 void fk_wait_ctx_idle(fk_ctx *c);
 void fk_wait_all_idle(void);
 /* Prepare an op's host endpoints for execution (classify pinned, snapshot, checksum); lock held.
@@ -236,6 +239,7 @@ void fk_ck_remove(fk_op *op);
 /* ---- memory (fk_memory.c) ---- */
 void fk_memory_setup(void);
 int fk_is_devaddr(uintptr_t a);
+int fk_overlaps_dev(uintptr_t a, size_t n);      /* any byte of [a, a+n) is a device address */
 /* Device range [a, a+n) within one allocation: backing pointer and owning device, else NULL. */
 char *fk_dev_resolve(uintptr_t a, size_t n, int *dev);
 fk_hreg *fk_hreg_find(const void *p, size_t n);          /* whole range inside one pinned range */

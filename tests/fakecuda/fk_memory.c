@@ -66,6 +66,13 @@ int fk_is_devaddr(uintptr_t a)
     return dev_base && a >= dev_base && a < dev_base + FK_DEV_SPAN * (uintptr_t)fk_ndev;
 }
 
+int fk_overlaps_dev(uintptr_t a, size_t n)
+{
+    if (!dev_base || !n) return 0;
+    uintptr_t end = dev_base + FK_DEV_SPAN * (uintptr_t)fk_ndev;
+    return a < end && (a + n > dev_base || a + n < a);
+}
+
 /* Index of the allocation containing a, or -1. */
 static long dalloc_find(uintptr_t a)
 {

@@ -144,9 +144,11 @@ static void exec_op(fk_op *op)
         fk_exec_memset(op);
         break;
     case OP_HOSTFN:
+        op->s->hostfn_running = 1;
         pthread_mutex_unlock(&fk_mu);
         op->fn(op->ud);
         pthread_mutex_lock(&fk_mu);
+        op->s->hostfn_running = 0;
         ck_refresh(0, 0, 1);
         break;
     case OP_EVENT:
@@ -219,6 +221,24 @@ void fk_wait_stream_and_deps(fk_stream *s)
     op_add_dep(&tmp, s, s->enq_seq);
     for (int i = 0; i < tmp.ndeps; i++) fk_wait_pos(tmp.deps[i].s, tmp.deps[i].seq);
     fk_free(tmp.deps);
+}
+
+/* A pageable source is snapshot under the lock, so no host function can start during the
+ * snapshot; one already running (it runs unlocked) could still be rewriting the source and
+ * leave a mix of old and new bytes.  The real driver either stages at the call (all old) or
+ * waits for the stream first (all new): wait for it to finish. */
+void fk_wait_hostfns_before(fk_stream *s)
+{
+    for (;;) {
+        fk_op tmp;
+        memset(&tmp, 0, sizeof tmp);
+        collect_deps(s, &tmp);
+        int busy = s->hostfn_running;
+        for (int i = 0; !busy && i < tmp.ndeps; i++) busy = tmp.deps[i].s->hostfn_running;
+        fk_free(tmp.deps);
+        if (!busy) return;
+        pthread_cond_wait(&fk_cv, &fk_mu);
+    }
 }
 
 static int stream_and_deps_done(fk_stream *s)

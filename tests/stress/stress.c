@@ -1,6 +1,6 @@
 /* Randomized differential stress program for pinshim on the checking fake driver.
  *
- *   stress --seed N [--threads T] [--ops K] [--watchdog SECONDS]
+ *   stress --seed N [--threads T] [--ops K] [--watchdog SECONDS] [--pool B]
  *
  * T worker threads each run K operations drawn from a generator seeded by (seed, thread id):
  * host buffers allocated every way a program can (malloc, calloc, posix_memalign, aligned_alloc,
@@ -12,7 +12,17 @@
  * door (linked symbols, the linked _ptds/_ptsz symbols, dlsym, cuGetProcAddress with flags 0 and
  * with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), on the legacy stream, the per-thread
  * default stream and created blocking and non-blocking streams, with device work
- * (fakecuda_launch_write, memsets) in between.
+ * (fakecuda_launch_write, memsets) in between.  Mappings are made read-only with mprotect for a
+ * while (copied from, never written) and writable again before the host writes them; the
+ * process forks now and then while the other threads work (the child checks the memory it
+ * inherited, allocates and frees large blocks, gets the driver's own error from a copy); each
+ * thread keeps a working set of B (default 256) live 64-256 KiB blocks that are replaced,
+ * resized and sent to the device and back, their content checked every time the host touches
+ * them and no two of them overlapping.
+ * STRESS_HOSTILE=1 adds what is legal but hostile: mappings created read-only (a library may
+ * pin them read-only) and written later, and one more thread that signals interrupt at a high
+ * rate (a POSIX timer and pthread_kill) with a handler that calls malloc, while it maps,
+ * allocates and copies.
  *
  * The program is a correct CUDA program: work on one buffer from different streams is ordered
  * by the documented implicit rules (legacy <-> blocking streams) or explicitly (an event waited
@@ -52,7 +62,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include "fakecuda.h"
@@ -110,6 +123,9 @@ static pthread_rwlock_t g_reglock = PTHREAD_RWLOCK_INITIALIZER;
 static size_t g_own_reg;           /* bytes the program registered itself (under g_reglock) */
 static size_t g_excess_max;
 static unsigned long g_samples;
+static int g_hostile;              /* STRESS_HOSTILE=1: read-only mappings, signal-handler malloc */
+static int g_pool = 256;           /* live 64-256 KiB blocks per thread (--pool) */
+static int g_nthr;                 /* worker threads, plus the signal target when hostile */
 
 /* ---------------------------------------------------------------- per thread */
 typedef struct { size_t off, len; int on; } reg_t;
@@ -121,6 +137,7 @@ typedef struct {
     int pend;          /* stream with host-asynchronous work on this buffer, or -1 */
     int ndef;          /* deferred D2H hashes waiting for that stream */
     unsigned long uses;
+    int ro;            /* mapping PROT_READ now (mprotect, or mapped so) */
 } slot_t;
 typedef struct { int slot; size_t off, w, h, d, pitch, slice, logi; } defer_t;
 typedef struct { uint32_t op, tag; uint64_t v; } logent_t;
@@ -141,6 +158,14 @@ typedef struct {
     volatile const char *what;
     unsigned long fails;
     unsigned long copies;
+    unsigned long nops;          /* operations this thread runs */
+    /* the working set of many live large blocks */
+    unsigned char **pool_p;
+    size_t *pool_n;
+    uint64_t *pool_key;
+    CUdeviceptr dpool;
+    pthread_t self;
+    pid_t tid;
 } thr_t;
 
 static thr_t *g_thr;
@@ -203,6 +228,22 @@ static void fill(unsigned char *p, size_t n, uint64_t key)
     }
 }
 
+/* 1 if p holds exactly what fill(p, n, key) wrote. */
+static int is_fill(const unsigned char *p, size_t n, uint64_t key)
+{
+    uint64_t x = key | 1;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        if (memcmp(p + i, &x, 8)) return 0;
+    }
+    for (; i < n; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        if (p[i] != (unsigned char)(x >> 24)) return 0;
+    }
+    return 1;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -246,7 +287,8 @@ static void logv(thr_t *t, uint32_t tag, uint64_t v)
 }
 
 /* Log tags */
-enum { L_D2H = 1, L_CALLOC, L_REALLOC, L_FREE, L_MREMAP, L_MADV, L_SUM, L_RC, L_D2H_LATE, L_UNIFIED, L_2D, L_3D };
+enum { L_D2H = 1, L_CALLOC, L_REALLOC, L_FREE, L_MREMAP, L_MADV, L_SUM, L_RC, L_D2H_LATE, L_UNIFIED, L_2D, L_3D,
+       L_FORK, L_PROT, L_SIG };
 
 /* ---------------------------------------------------------------- streams and ordering */
 static int ordered(int y, int x)
@@ -402,6 +444,16 @@ static void unregister_all(thr_t *t, int i)
         }
 }
 
+/* The host is about to write slot i: a mapping made read-only gets its write permission back
+ * first, as a program does.  Whatever pinned it meanwhile must cope with the change. */
+static void slot_writable(thr_t *t, int i)
+{
+    slot_t *s = &t->s[i];
+    if (!s->ro) return;
+    if (mprotect(s->p, s->maplen, PROT_READ | PROT_WRITE) != 0) fail(t, "mprotect read-write: %s", strerror(errno));
+    s->ro = 0;
+}
+
 /* ---------------------------------------------------------------- sizes and choices */
 static size_t rand_size(thr_t *t)
 {
@@ -508,7 +560,9 @@ static void op_alloc(thr_t *t)
         t->what = "mmap";
         if (n < PAGE) n = PAGE + (size_t)rnd(t, PAGE);
         size_t ml = (n + PAGE - 1) & ~(PAGE - 1);
-        void *m = mmap(NULL, ml, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        /* hostile: mapped read-only (a library may pin it read-only), written later */
+        s->ro = g_hostile && rnd(t, 3) == 0;
+        void *m = mmap(NULL, ml, s->ro ? PROT_READ : PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         p = m == MAP_FAILED ? NULL : m;
         s->kind = K_MMAP;
         s->maplen = ml;
@@ -538,10 +592,11 @@ static void op_alloc(thr_t *t)
         if (!all_zero(p, n)) fail(t, "new %s memory of %zu bytes does not read zero", (const char *)t->what, n);
         logv(t, L_CALLOC, hash_rows(p, n, 1, 1, n, n));
     }
-    if (!zero || rnd(t, 2)) fill(p, n, rnext(&t->rng));
+    if (!s->ro && (!zero || rnd(t, 2))) fill(p, n, rnext(&t->rng));
     /* the common pattern: pin a buffer right after allocating it */
     if (s->kind != K_HOST && rnd(t, 8) == 0) {
         t->what = "register after alloc";
+        slot_writable(t, i);
         OK(t, do_register(t, p, n, 0, 1));
         s->reg[0] = (reg_t){ 0, n, 1 };
     }
@@ -589,6 +644,7 @@ static void op_fill(thr_t *t)
     slot_t *s = &t->s[i];
     t->what = "fill";
     slot_before_host(t, i);
+    slot_writable(t, i);
     size_t off, len;
     sub_range(t, s->n, &off, &len);
     fill(s->p + off, len, rnext(&t->rng));
@@ -621,7 +677,10 @@ static void after_host_read(thr_t *t, int i, int cls, int async, int x, int *dev
 /* Reuse a pageable source right after the call returned: the contract allows it. */
 static void maybe_reuse(thr_t *t, int i, int cls, size_t off, size_t span)
 {
-    if (cls == H_PAGE && rnd(t, 2)) fill(t->s[i].p + off, span, rnext(&t->rng));
+    if (cls == H_PAGE && rnd(t, 2)) {
+        slot_writable(t, i);
+        fill(t->s[i].p + off, span, rnext(&t->rng));
+    }
 }
 
 static void defer_or_hash(thr_t *t, int i, int cls, int async, int x, size_t off, size_t w, size_t h, size_t d,
@@ -707,6 +766,7 @@ static void op_d2h(thr_t *t)
 {
     hcopy_t c;
     if (!begin_host_copy(t, "DtoH", "DtoH async", &c)) return;
+    slot_writable(t, c.i);
     int i = c.i, d = c.d, async = c.async, x = c.x, cls = c.cls;
     slot_t *s = c.s;
     size_t off = c.off, len = c.len, doff = c.doff;
@@ -808,6 +868,7 @@ static void op_nd(thr_t *t, int three)
     dev_before(t, d, x);
     if (dir == 4 && d2 != d) dev_before(t, d2, x);
     if (usehost) slot_before_gpu(t, i, x);
+    if (dir >= 2 && dir < 4) slot_writable(t, i);
     if (dir >= 2 && dir < 4 && s->pend < 0 && rnd(t, 2)) memset(s->p + hoff, 0x5A, hspan);
     /* the host address split into X/Y (and Z) offsets from a base, as a program might */
     size_t hz = 0, hy = 0, hx = hoff;
@@ -920,6 +981,7 @@ static void op_register(thr_t *t)
     size_t off, len;
     int odd = (int)rnd(t, 16);
     t->what = "cuMemHostRegister";
+    slot_writable(t, i);   /* (the driver registers read-only memory only when asked to) */
     if (s->kind == K_MMAP && rnd(t, 2)) {
         /* page-aligned pieces of a mapping */
         size_t pages = (s->n + PAGE - 1) / PAGE;
@@ -1020,6 +1082,7 @@ static void op_mmap_change(thr_t *t)
     if (i < 0) return;
     slot_t *s = &t->s[i];
     unregister_all(t, i);
+    slot_writable(t, i);
     size_t pages = s->maplen / PAGE;
     int how = (int)rnd(t, 6);
     size_t k = pages > 1 ? 1 + (size_t)rnd(t, pages - 1) : 0;
@@ -1113,6 +1176,351 @@ static void op_madvise_heap(thr_t *t)
     fill(s->p, s->n, key);
 }
 
+/* Protection changes of a mapping: read-only for a while (copied to the device meanwhile, never
+ * written), then writable again before the next host write (slot_writable).  Pending async
+ * work on the slot finishes first: a DMA into a page the CPU may not write is the program's
+ * business only when the device mapping allows it. */
+static void op_mprotect(thr_t *t)
+{
+    int i = pick_slot(t, 1u << K_MMAP);
+    if (i < 0) return;
+    slot_t *s = &t->s[i];
+    t->what = "mprotect";
+    slot_before_host(t, i);
+    if (s->ro) {
+        slot_writable(t, i);
+    } else {
+        if (mprotect(s->p, s->maplen, PROT_READ) != 0) fail(t, "mprotect read-only: %s", strerror(errno));
+        s->ro = 1;
+    }
+    logv(t, L_PROT, (uint64_t)s->ro);
+}
+
+/* fork while the other threads allocate, copy and pin: the child sees the memory as it was, may
+ * write it (its own copy), allocates, reallocs, callocs and frees large blocks, gets the
+ * driver's own error from a copy, and ends; no lock may be left held across fork. */
+static void op_fork(thr_t *t)
+{
+    int i = pick_slot(t, ~0u);
+    t->what = "fork";
+    uint64_t want = 0;
+    if (i >= 0) {
+        slot_before_host(t, i);
+        want = hash_rows(t->s[i].p, t->s[i].n, 1, 1, t->s[i].n, t->s[i].n);
+    }
+    size_t big = ((size_t)256 << 10) + (size_t)rnd(t, (size_t)4 << 20);
+    uint64_t key = rnext(&t->rng);
+    int free_it = (int)rnd(t, 2);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int bad = 0;
+        slot_t *s = i >= 0 ? &t->s[i] : NULL;
+        if (s && hash_rows(s->p, s->n, 1, 1, s->n, s->n) != want) bad |= 1;
+        if (s && !s->ro && s->kind != K_HOST) fill(s->p, s->n, key);
+        unsigned char *b = malloc(big);
+        if (!b) bad |= 2;
+        else {
+            fill(b, big, key);
+            unsigned char *q = realloc(b, big * 2);
+            if (!q || !is_fill(q, big, key)) bad |= 4;
+            free(q ? q : b);
+        }
+        unsigned char *z = calloc(1, big);
+        if (!z || !all_zero(z, big)) bad |= 8;
+        free(z);
+        if (s && free_it && s->kind == K_HEAP) free(s->p);
+        if (s && free_it && s->kind == K_MMAP && munmap(s->p, s->maplen) != 0) bad |= 16;
+        unsigned char c[16] = { 0 };
+        if (cuMemcpyHtoD(t->dv[0].d, c, sizeof c) != CUDA_ERROR_NOT_INITIALIZED) bad |= 32;
+        _exit(bad);
+    }
+    if (pid < 0) {
+        fail(t, "fork: %s", strerror(errno));
+        return;
+    }
+    int st = 0;
+    double end = now_s() + 30;
+    pid_t w;
+    while ((w = waitpid(pid, &st, WNOHANG)) == 0 && now_s() < end) usleep(1000);
+    if (w == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        fail(t, "the forked child did not finish within 30 s (a lock held across fork?)");
+        logv(t, L_FORK, 999);
+        return;
+    }
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (code)
+        fail(t, "the forked child ended with status %d (1 inherited memory differs, 2/4/8 malloc/realloc/calloc, "
+             "16 munmap, 32 a copy's answer was not the driver's NOT_INITIALIZED)", code);
+    logv(t, L_FORK, (uint64_t)code);
+}
+
+/* ---------------------------------------------------------------- the working set */
+/* g_pool live blocks of 64-256 KiB per thread, each holding fill(key): replaced, resized and
+ * sent to the device and back; their content is checked whenever the host touches them, and
+ * at the end no two of them overlap. */
+static size_t pool_size(thr_t *t) { return ((size_t)64 << 10) + (size_t)rnd(t, ((size_t)192 << 10) + 1); }
+
+static void pool_new(thr_t *t, int j)
+{
+    size_t n = pool_size(t);
+    uint64_t key = rnext(&t->rng);
+    unsigned char *p = NULL;
+    switch (rnd(t, 4)) {
+    case 0: {
+        p = calloc(1, n);
+        if (p && !all_zero(p, n)) fail(t, "calloc of a working-set block (%zu bytes) does not read zero", n);
+        break;
+    }
+    case 1: {
+        void *q = NULL;
+        p = posix_memalign(&q, PAGE, n) == 0 ? q : NULL;
+        break;
+    }
+    default:
+        p = malloc(n);
+    }
+    if (!p) {
+        fail(t, "allocating a working-set block of %zu bytes failed", n);
+        abort();
+    }
+    fill(p, n, key);
+    t->pool_p[j] = p;
+    t->pool_n[j] = n;
+    t->pool_key[j] = key;
+}
+
+static void pool_check(thr_t *t, int j, const char *when)
+{
+    if (!is_fill(t->pool_p[j], t->pool_n[j], t->pool_key[j]))
+        fail(t, "working-set block %d (%zu bytes) changed %s", j, t->pool_n[j], when);
+}
+
+static void pool_setup(thr_t *t)
+{
+    if (!g_pool) return;
+    t->pool_p = calloc((size_t)g_pool, sizeof *t->pool_p);
+    t->pool_n = calloc((size_t)g_pool, sizeof *t->pool_n);
+    t->pool_key = calloc((size_t)g_pool, sizeof *t->pool_key);
+    if (!t->pool_p || !t->pool_n || !t->pool_key) abort();
+    for (int j = 0; j < g_pool; j++) pool_new(t, j);
+    OK(t, cuMemAlloc(&t->dpool, (size_t)256 << 10));
+}
+
+static void op_pool(thr_t *t)
+{
+    int j = (int)rnd(t, (uint64_t)g_pool);
+    unsigned what = (unsigned)rnd(t, 10);
+    if (what < 5) {
+        t->what = "working set: replace";
+        pool_check(t, j, "before its free");
+        free(t->pool_p[j]);
+        pool_new(t, j);
+    } else if (what < 7) {
+        t->what = "working set: realloc";
+        pool_check(t, j, "before its realloc");
+        size_t nn = pool_size(t), keep = nn < t->pool_n[j] ? nn : t->pool_n[j];
+        unsigned char *q = realloc(t->pool_p[j], nn);
+        if (!q) {
+            fail(t, "realloc of a working-set block to %zu failed", nn);
+            abort();
+        }
+        /* (whole words: fill's last few bytes depend on the length) */
+        if (!is_fill(q, keep & ~(size_t)7, t->pool_key[j])) fail(t, "realloc of a working-set block lost its content");
+        t->pool_p[j] = q;
+        t->pool_n[j] = nn;
+        fill(q, nn, t->pool_key[j]);
+    } else {
+        /* to the device and back into the same block, poisoned in between */
+        t->what = "working set: round trip";
+        unsigned char *p = t->pool_p[j];
+        size_t n = t->pool_n[j];
+        door_t *dr = pick_door(t);
+        int x;
+        if (rnd(t, 2)) {
+            CUstream h = pick_stream(t, dr, &x);
+            OK(t, dr->htoda(t->dpool, p, n, h));
+            memset(p, 0xC3, n);       /* pageable to the program: its source may be reused now */
+            OK(t, dr->dtoha(p, t->dpool, n, h));
+            OK(t, dr->ssync(h));
+            settled(t, x);
+        } else {
+            OK(t, dr->htod(t->dpool, p, n));
+            memset(p, 0xC3, n);
+            OK(t, dr->dtoh(p, t->dpool, n));
+        }
+        t->copies += 2;
+        pool_check(t, j, "after its round trip through the device");
+    }
+}
+
+static int cmp_range(const void *a, const void *b)
+{
+    const uintptr_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+static void pool_teardown(thr_t *t)
+{
+    if (!g_pool) return;
+    uintptr_t (*r)[2] = malloc((size_t)g_pool * sizeof *r);
+    if (!r) abort();
+    for (int j = 0; j < g_pool; j++) {
+        pool_check(t, j, "by the end");
+        r[j][0] = (uintptr_t)t->pool_p[j];
+        r[j][1] = t->pool_n[j];
+    }
+    qsort(r, (size_t)g_pool, sizeof *r, cmp_range);
+    for (int j = 1; j < g_pool; j++)
+        if (r[j - 1][0] + r[j - 1][1] > r[j][0]) {
+            fail(t, "two live working-set blocks overlap (%#lx+%zu and %#lx)", (unsigned long)r[j - 1][0],
+                 (size_t)r[j - 1][1], (unsigned long)r[j][0]);
+            break;
+        }
+    free(r);
+    for (int j = 0; j < g_pool; j++) free(t->pool_p[j]);
+    free(t->pool_p);
+    free(t->pool_n);
+    free(t->pool_key);
+    OK(t, cuMemFree(t->dpool));
+}
+
+/* ---------------------------------------------------------------- signals (hostile) */
+/* One more thread, the signals' only target: a POSIX timer (SIGPROF, every 50 us) and a thread
+ * sending SIGUSR1 in bursts interrupt it while it maps and unmaps, allocates and frees large
+ * blocks and copies them through the device; the handler calls malloc and free, as sampling
+ * profilers do.  Its small block is in a size class the target never asks for otherwise, so the
+ * C library serves it from the thread's cache without a lock (a larger one would deadlock the C
+ * library itself); the two signals never nest. */
+#define SIG_BYTES 888
+static volatile sig_atomic_t g_sig_handled;
+static volatile int g_sig_ready, g_sig_stop;
+
+static void sig_handler(int sig)
+{
+    int saved = errno;
+    unsigned char *volatile p = malloc(SIG_BYTES);   /* volatile: the allocation stays */
+    if (p) {
+        p[0] = (unsigned char)sig;
+        p[SIG_BYTES - 1] = 1;
+        free(p);
+    }
+    g_sig_handled++;
+    errno = saved;
+}
+
+static void block_sigs(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPROF);
+    sigaddset(&set, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+static void *sig_kicker(void *arg)
+{
+    thr_t *t = arg;
+    block_sigs();
+    while (!__atomic_load_n(&g_sig_ready, __ATOMIC_ACQUIRE) && !__atomic_load_n(&g_sig_stop, __ATOMIC_ACQUIRE))
+        usleep(100);
+    while (!__atomic_load_n(&g_sig_stop, __ATOMIC_ACQUIRE)) {
+        for (int i = 0; i < 50; i++) {
+            pthread_kill(t->self, SIGUSR1);
+            usleep(20);
+        }
+        usleep(1000);
+    }
+    return NULL;
+}
+
+static void *sig_target(void *arg)
+{
+    thr_t *t = arg;
+    t->rng = g_seed * 0x100000001B3ull + 0x51ED270B27u * (uint64_t)(t->id + 1);
+    rnext(&t->rng);
+    t->what = "setup";
+    OK(t, cuCtxSetCurrent(g_ctx));
+    const size_t maxn = (size_t)4 << 20;
+    CUdeviceptr dev;
+    OK(t, cuMemAlloc(&dev, maxn));
+    CUstream st;
+    OK(t, cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    unsigned char *back = malloc(maxn);
+    if (!back) abort();
+    /* the handler's block waits in this thread's cache (through a volatile pointer: a compiler
+     * may drop a malloc whose block is freed unused) */
+    void *volatile warm = malloc(SIG_BYTES);
+    free(warm);
+    struct sigevent sev;
+    memset(&sev, 0, sizeof sev);
+    sev.sigev_notify = SIGEV_THREAD_ID;
+    sev.sigev_signo = SIGPROF;
+    sev._sigev_un._tid = t->tid = (pid_t)syscall(SYS_gettid);
+    timer_t tm;
+    int have_timer = timer_create(CLOCK_MONOTONIC, &sev, &tm) == 0;
+    if (have_timer) {
+        struct itimerspec its = { { 0, 50000 }, { 0, 50000 } };
+        timer_settime(tm, 0, &its, NULL);
+    }
+    __atomic_store_n(&g_sig_ready, 1, __ATOMIC_RELEASE);
+    for (unsigned long k = 0; k < t->nops; k++) {
+        t->op = k;
+        size_t n = ((size_t)1 << 20) + (size_t)rnd(t, maxn - ((size_t)1 << 20) + 1);
+        int use_mmap = (int)rnd(t, 2);
+        unsigned char *p;
+        t->what = use_mmap ? "signals: mmap" : "signals: malloc";
+        if (use_mmap) {
+            p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED) p = NULL;
+        } else {
+            p = malloc(n);
+        }
+        if (!p) {
+            fail(t, "allocating %zu bytes failed", n);
+            continue;
+        }
+        uint64_t key = rnext(&t->rng);
+        fill(p, n, key);
+        int async = (int)rnd(t, 2);
+        t->what = async ? "signals: async copies" : "signals: sync copies";
+        if (async) {
+            OK(t, cuMemcpyHtoDAsync(dev, p, n, st));
+            OK(t, cuMemcpyDtoHAsync(back, dev, n, st));
+            OK(t, cuStreamSynchronize(st));
+        } else {
+            OK(t, cuMemcpyHtoD(dev, p, n));
+            OK(t, cuMemcpyDtoH(back, dev, n));
+        }
+        t->copies += 2;
+        if (!is_fill(back, n, key)) fail(t, "a round trip of %zu bytes came back wrong while signals arrived", n);
+        logv(t, L_SIG, hash_rows(back, n, 1, 1, n, n));
+        t->what = use_mmap ? "signals: munmap" : "signals: free";
+        if (use_mmap) munmap(p, n);
+        else free(p);
+        if (k % 16 == 0) {
+            t->what = "signals: malloc burst";
+            void *blk[8];
+            for (int i = 0; i < 8; i++) {
+                blk[i] = malloc(((size_t)256 << 10) << rnd(t, 4));
+                if (blk[i]) memset(blk[i], i, 4096);
+            }
+            for (int i = 0; i < 8; i++) free(blk[i]);
+        }
+    }
+    t->op = t->nops;
+    t->what = "teardown";
+    if (have_timer) timer_delete(tm);
+    block_sigs();
+    OK(t, cuStreamDestroy(st));
+    OK(t, cuMemFree(dev));
+    free(back);
+    t->what = "done";
+    return NULL;
+}
+
 static void op_streams(thr_t *t)
 {
     int k = (int)rnd(t, 2);
@@ -1141,13 +1549,19 @@ static void *worker(void *arg)
     OK(t, cuStreamCreate(&t->us[1], CU_STREAM_NON_BLOCKING));
     OK(t, cuEventCreate(&t->ev, CU_EVENT_DISABLE_TIMING));
     for (int i = 0; i < NSLOT; i++) t->s[i].pend = -1;
+    t->what = "working set";
+    pool_setup(t);
 
     for (unsigned long k = 0; k < g_ops; k++) {
         t->op = k;
         unsigned w = (unsigned)rnd(t, 100);
+        unsigned w2 = (unsigned)rnd(t, 1000);
         int live = 0;
         for (int i = 0; i < NSLOT; i++) live += t->s[i].kind != K_NONE;
-        if (live < 3 || w < 9) op_alloc(t);
+        if (w2 < 4) op_fork(t);
+        else if (w2 < 40) op_mprotect(t);
+        else if (w2 < 140 && g_pool) op_pool(t);
+        else if (live < 3 || w < 9) op_alloc(t);
         else if (w < 14) op_free(t);
         else if (w < 18) op_realloc(t);
         else if (w < 23) op_fill(t);
@@ -1188,6 +1602,7 @@ static void *worker(void *arg)
         else OK(t, cuMemFreeHost(s->p));
         s->kind = K_NONE;
     }
+    pool_teardown(t);
     OK(t, cuStreamDestroy(t->us[0]));
     OK(t, cuStreamDestroy(t->us[1]));
     OK(t, cuEventDestroy(t->ev));
@@ -1238,8 +1653,8 @@ static void *watchdog(void *arg)
         if (now_s() > end) {
             char buf[4096];
             int n = snprintf(buf, sizeof buf, "WATCHDOG seed=%llu: not finished after %u s; threads:", g_seed, g_watchdog);
-            for (int i = 0; i < g_threads && n < (int)sizeof buf - 100; i++)
-                n += snprintf(buf + n, sizeof buf - (size_t)n, " [t%d op %lu/%lu %s]", i, g_thr[i].op, g_ops,
+            for (int i = 0; i < g_nthr && n < (int)sizeof buf - 100; i++)
+                n += snprintf(buf + n, sizeof buf - (size_t)n, " [t%d op %lu/%lu %s]", i, g_thr[i].op, g_thr[i].nops,
                               (const char *)g_thr[i].what);
             n += snprintf(buf + n, sizeof buf - (size_t)n, "\n");
             ssize_t wr = write(1, buf, (size_t)n);
@@ -1346,7 +1761,7 @@ static void setup_doors(void)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: stress --seed N [--threads T] [--ops K] [--watchdog SECONDS]\n");
+    fprintf(stderr, "usage: stress --seed N [--threads T] [--ops K] [--watchdog SECONDS] [--pool B]\n");
     exit(2);
 }
 
@@ -1359,30 +1774,55 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--threads")) g_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ops")) g_ops = strtoul(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--watchdog")) g_watchdog = (unsigned)strtoul(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--pool")) g_pool = atoi(argv[++i]);
         else usage();
     }
-    if (!have_seed || g_threads < 1 || g_threads > 64) usage();
+    if (!have_seed || g_threads < 1 || g_threads > 64 || g_pool < 0) usage();
+    const char *hv = getenv("STRESS_HOSTILE");
+    g_hostile = hv && !strcmp(hv, "1");
+    g_nthr = g_threads + g_hostile;
     setvbuf(stdout, NULL, _IOLBF, 0);
     g_promotes = drvtest_promotes();
     g_budget = drvtest_shim_loaded() ? drvtest_budget() : 0;
-    printf("seed=%llu threads=%d ops=%lu mode=%s budget=%zu%s\n", g_seed, g_threads, g_ops, drvtest_mode(), g_budget,
-           g_promotes && !g_budget ? " (no byte ceiling to check)" : "");
+    printf("seed=%llu threads=%d ops=%lu pool=%d hostile=%d mode=%s budget=%zu%s\n", g_seed, g_threads, g_ops, g_pool,
+           g_hostile, drvtest_mode(), g_budget, g_promotes && !g_budget ? " (no byte ceiling to check)" : "");
 
     pthread_t wd, sp;
     pthread_create(&wd, NULL, watchdog, NULL);
     double t0 = now_s();
     g_ctx = drvtest_init();
     setup_doors();
-    g_thr = calloc((size_t)g_threads, sizeof *g_thr);
-    pthread_t *th = calloc((size_t)g_threads, sizeof *th);
+    g_thr = calloc((size_t)g_nthr, sizeof *g_thr);
+    pthread_t *th = calloc((size_t)g_nthr, sizeof *th);
     if (!g_thr || !th) abort();
     pthread_create(&sp, NULL, sampler, NULL);
-    for (int i = 0; i < g_threads; i++) {
+    pthread_t kick;
+    if (g_hostile) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = sig_handler;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaddset(&sa.sa_mask, SIGPROF);
+        sigaddset(&sa.sa_mask, SIGUSR1);
+        sigaction(SIGPROF, &sa, NULL);
+        sigaction(SIGUSR1, &sa, NULL);
+    }
+    for (int i = 0; i < g_nthr; i++) {
         g_thr[i].id = i;
         g_thr[i].what = "start";
-        pthread_create(&th[i], NULL, worker, &g_thr[i]);
+        /* the signal target's operations are large round trips: a quarter as many */
+        g_thr[i].nops = i < g_threads ? g_ops : (g_ops / 4 > 20 ? g_ops / 4 : 20);
+        pthread_create(&th[i], NULL, i < g_threads ? worker : sig_target, &g_thr[i]);
+        g_thr[i].self = th[i];
     }
-    for (int i = 0; i < g_threads; i++) pthread_join(th[i], NULL);
+    if (g_hostile) pthread_create(&kick, NULL, sig_kicker, &g_thr[g_threads]);
+    for (int i = 0; i < g_nthr; i++) pthread_join(th[i], NULL);
+    if (g_hostile) {
+        __atomic_store_n(&g_sig_stop, 1, __ATOMIC_RELEASE);
+        pthread_join(kick, NULL);
+        printf("info: %ld signals handled\n", (long)g_sig_handled);
+    }
     OK(&g_thr[0], cuCtxSynchronize());
     check_budget_now("at the end");
     __atomic_store_n(&g_done, 1, __ATOMIC_RELEASE);
@@ -1394,7 +1834,7 @@ int main(int argc, char **argv)
     FILE *dump = NULL;
     const char *dp = getenv("STRESS_DUMP");
     if (dp && *dp) dump = fopen(dp, "w");
-    for (int i = 0; i < g_threads; i++) {
+    for (int i = 0; i < g_nthr; i++) {
         thr_t *t = &g_thr[i];
         uint64_t h = FNV_OFF;
         for (size_t k = 0; k < t->nlog; k++) {
@@ -1406,7 +1846,7 @@ int main(int argc, char **argv)
         }
         printf("THREAD %d entries=%zu copies=%lu hash=%016llx\n", i, t->nlog, t->copies, (unsigned long long)h);
         all = fnv(all, (const unsigned char *)&h, 8);
-        ops += g_ops;
+        ops += t->nops;
         copies += t->copies;
         entries += t->nlog;
     }
