@@ -502,18 +502,19 @@ void arena_usage(struct arena_usage *u)
 
 /* ---- fork ---- */
 
+/* In the order the allocation path takes them: a class lock, then (in seg_new) seg_mu. */
 void arena_before_fork(void)
 {
-    pthread_mutex_lock(&seg_mu);
     for (unsigned c = 0; c < ARENA_CLASSES; c++)
         pthread_mutex_lock(&central[c].mu);
+    pthread_mutex_lock(&seg_mu);
 }
 
 void arena_after_fork_parent(void)
 {
+    pthread_mutex_unlock(&seg_mu);
     for (unsigned c = ARENA_CLASSES; c-- > 0;)
         pthread_mutex_unlock(&central[c].mu);
-    pthread_mutex_unlock(&seg_mu);
 }
 
 void arena_after_fork_child(void)

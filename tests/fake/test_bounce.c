@@ -175,13 +175,13 @@ static void threads(void)
     CHECKF(ok, "%d threads copying into and out of pinned memory at once", THREADS);
 }
 
-static volatile int stop_copier;
+static int stop_copier;   /* atomic: read by the copier thread */
 
 static void *copier(void *arg)
 {
     unsigned char *src = malloc(4 * M);
     fill(src, 4 * M, 77);
-    while (!stop_copier)
+    while (!__atomic_load_n(&stop_copier, __ATOMIC_RELAXED))
         do_memcpy(pinned, src, 4 * M);
     free(src);
     return arg;
@@ -190,7 +190,7 @@ static void *copier(void *arg)
 static void fork_race(void)
 {
     pthread_t t;
-    stop_copier = 0;
+    __atomic_store_n(&stop_copier, 0, __ATOMIC_RELAXED);
     pthread_create(&t, NULL, copier, NULL);
     int ok = 1;
     for (int i = 0; i < 5; i++) {
@@ -205,7 +205,7 @@ static void fork_race(void)
         int status = 0;
         ok &= pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
     }
-    stop_copier = 1;
+    __atomic_store_n(&stop_copier, 1, __ATOMIC_RELAXED);
     pthread_join(t, NULL);
     CHECKF(ok, "fork while another thread copies: the child's copies right, no hang");
 }
