@@ -9,6 +9,8 @@
 #     written in the working directory silently; a path that cannot be written (under /proc, under
 #     a regular file, in a missing directory, onto a directory, expanding too long) gives one
 #     warning naming the variable, and no partial or temporary file is left behind;
+#   - a path naming a symbolic link, a FIFO or a character device: written through the link or
+#     into the node, which stays what it was (a FIFO nobody reads: one warning, no hang);
 #   - a name one slip away from a setting (two neighbouring letters swapped, lower case): one
 #     line naming it and the setting meant; names far from every setting: nothing;
 #   - under scripts/pinshim, a command of several processes gets each warning once in all.
@@ -148,6 +150,45 @@ for row in "${ROWS[@]}"; do
     if try "$var target is a directory" "$var" "$d/target" 1; then
         msg=$(leftovers "$d" target) && msg2=$(leftovers "$d/target" keep) && ok "$var target is a directory: no temporary left" \
             || bad "$var target is a directory: leftovers" "$msg $msg2"
+    fi
+
+    # Names that stand for something else: written through, never replaced by a regular file.
+    d=$WORK/link-$var; mkdir -p "$d/real"; echo old >"$d/real/target"; ln -s real/target "$d/link"
+    if try "$var is a symbolic link" "$var" "$d/link" 0; then
+        if [ -L "$d/link" ] && [ -f "$d/real/target" ] && [ "$(cat "$d/real/target")" != old ] &&
+            msg=$(leftovers "$d/real" target) && { [ $json = 0 ] || python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$d/link"; }; then
+            ok "$var is a symbolic link: still a link, its target rewritten whole"
+        else
+            bad "$var is a symbolic link: replaced or not written" "$(ls -la "$d" "$d/real") $msg"
+        fi
+    fi
+    d=$WORK/dangling-$var; mkdir -p "$d"; ln -s new.out "$d/link"
+    if try "$var is a link to a file not there yet" "$var" "$d/link" 0; then
+        [ -L "$d/link" ] && [ -s "$d/new.out" ] && ok "$var dangling link: the file created through it" ||
+            bad "$var dangling link" "$(ls -la "$d")"
+    fi
+    d=$WORK/fifo-$var; mkdir -p "$d"; mkfifo "$d/fifo"
+    (cat "$d/fifo" >"$d/read" &) 2>/dev/null
+    sleep 0.2
+    if try "$var is a FIFO with a reader" "$var" "$d/fifo" 0; then
+        sleep 0.2
+        [ -p "$d/fifo" ] && [ -s "$d/read" ] && ok "$var FIFO: still a FIFO, the reader got the file" ||
+            bad "$var FIFO with a reader" "$(ls -la "$d")"
+    fi
+    rm -f "$d/fifo"; mkfifo "$d/fifo"
+    # Nobody reading: the exit must not hang (try's timeout would fail it); one warning.
+    if try "$var is a FIFO nobody reads" "$var" "$d/fifo" 1; then
+        [ -p "$d/fifo" ] && ok "$var FIFO nobody reads: no hang, still a FIFO" || bad "$var FIFO nobody reads: replaced" "$(ls -la "$d")"
+    fi
+    # A character device: a node of our own (root can make one), never the system's /dev/null,
+    # which a shim that replaced files would replace (as root) for the whole machine.
+    d=$WORK/chr-$var; mkdir -p "$d"
+    if mknod -m 666 "$d/null" c 1 3 2>/dev/null; then
+        try "$var is a character device" "$var" "$d/null" 0 &&
+            { [ -c "$d/null" ] && msg=$(leftovers "$d" null) && ok "$var character device: still one, nothing beside it" ||
+                bad "$var character device replaced" "$(ls -la "$d")"; }
+    elif [ ! -w /dev ]; then
+        try "$var is /dev/null" "$var" /dev/null 0 && { [ -c /dev/null ] && ok "$var /dev/null: still a character device" || bad "$var: /dev/null replaced"; }
     fi
 
     # %p repeated until the expanded name no longer fits (the template itself does fit).

@@ -18,12 +18,15 @@
 #include <errno.h>
 #include <execinfo.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/auxv.h>
 #include <unistd.h>
 
@@ -930,17 +933,59 @@ void stats_write_report(int fd) { write_with(fd, write_report); }
 
 /* ---- at exit ---- */
 
-/* Write to a temporary file beside the target and rename it, so a reader never sees half a
- * file; on failure remove the temporary and warn once, naming the variable. */
+/* Where the user points the file at something that is not a regular file (a FIFO, a terminal,
+ * /dev/stdout), write into it as it is: replacing it with a regular file would break what the
+ * name stands for (as root, /dev/stdout itself).  Non-blocking open: a FIFO nobody reads must
+ * not hang the program's exit (ENXIO, warned). */
+static int write_into_special(const char *path, void (*writer)(struct out *))
+{
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return errno;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    int err = write_with(fd, writer);
+    if (close(fd) != 0 && !err)
+        err = errno;
+    return err;
+}
+
+/* A regular file (or a new one): written to a temporary file beside it and renamed, so a reader
+ * never sees half a file.  A symbolic link is followed first, so the link stays and its target
+ * is replaced; anything else is written into (write_into_special).  On failure the temporary
+ * is removed and one warning names the variable. */
 static void write_file_atomically(const char *var, const char *tmpl, void (*writer)(struct out *))
 {
-    char path[1024], tmp[1100];
+    char path[1024], real[PATH_MAX], tmp[PATH_MAX + 32];
     int err = 0;
     if (!config_expand_path_checked(tmpl, path, sizeof path)) {
         shim_log(LOG_WARN, "%s=%s: the expanded path is too long; nothing written", var, tmpl);
         return;
     }
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    const char *target = path;
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+        if (realpath(path, real))
+            target = real;
+        else if (errno == ENOENT) {
+            /* A link to a file not there yet: create it through the link, as a shell's `>` would. */
+            int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            if (fd < 0) {
+                err = errno;
+            } else {
+                err = write_with(fd, writer);
+                if (close(fd) != 0 && !err)
+                    err = errno;
+            }
+            goto done;
+        }
+    }
+    if (stat(target, &st) == 0 && !S_ISREG(st.st_mode)) {
+        err = write_into_special(target, writer);
+        goto done;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", target, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)   /* left by a dead process of this pid */
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
@@ -950,11 +995,12 @@ static void write_file_atomically(const char *var, const char *tmpl, void (*writ
         err = write_with(fd, writer);
         if (close(fd) != 0 && !err)
             err = errno;
-        if (!err && rename(tmp, path) != 0)
+        if (!err && rename(tmp, target) != 0)
             err = errno;
         if (err)
             unlink(tmp);
     }
+done:
     if (err)
         shim_log(LOG_WARN, "%s: cannot write %s: %s", var, path, strerror(err));
 }
