@@ -17,8 +17,8 @@
 #   STRESS_DELAYS (a list of FAKECUDA_ASYNC_DELAY_US values: seed N runs with the (N mod k)-th;
 #   default the one above), STRESS_PER_SEED (0: every variant for each seed; K: K of them per
 #   seed, in rotation, so that consecutive seeds cover them all), STRESS_POOL (256 live
-#   64-256 KiB blocks per thread), STRESS_HOSTILE (0; 1 adds what today's shim is known not to
-#   survive: mappings made read-only then written, a signal handler that calls malloc),
+#   64-256 KiB blocks per thread), STRESS_HOSTILE (0; 1 adds hostile but legal operations:
+#   mappings made read-only then written, a signal handler that calls malloc),
 #   STRESS_DEADLINE (seconds; no seed starts after it, and the run fails as incomplete; 0: none).
 # Long mode (STRESS_LONG=1): 1000 seeds, one parallel job per CPU, delays "20 0" (async work
 # delayed by 20 us, and run as soon as its worker gets to it), 2 of the 7 variants per seed
@@ -78,7 +78,7 @@ if [ ! -x "$BIN" ] || [ tests/stress/stress.c -nt "$BIN" ] || [ "$FAKE/libcuda.s
     mv -f "$BIN.tmp" "$BIN"
 fi
 
-SMALL="PINSHIM_MIN_SIZE=4K PINSHIM_REWRITE_MIN=4K PINSHIM_REWRITE_ALWAYS=1 PINSHIM_STAGING_MIN=64K PINSHIM_STAGING_CHUNK=64K"
+SMALL="PINSHIM_MIN_SIZE=4K PINSHIM_REWRITE_MIN=4K PINSHIM_REWRITE_ALWAYS=1 PINSHIM_STAGING_MIN=64K PINSHIM_STAGING_CHUNK=64K PINSHIM_BOUNCE=all PINSHIM_BOUNCE_MIN=64K"
 ALL_VARIANTS=(
     "off|PINSHIM_MODE=off"
     "observe|PINSHIM_MODE=observe"

@@ -12,7 +12,8 @@
  * door (linked symbols, the linked _ptds/_ptsz symbols, dlsym, cuGetProcAddress with flags 0 and
  * with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), on the legacy stream, the per-thread
  * default stream and created blocking and non-blocking streams, with device work
- * (fakecuda_launch_write, memsets) in between.  Mappings are made read-only with mprotect for a
+ * (fakecuda_launch_write, memsets) in between, and host buffers copied into one another with the
+ * program's own memcpy/memmove (overlapping within one buffer too).  Mappings are made read-only with mprotect for a
  * while (copied from, never written) and writable again before the host writes them; the
  * process forks now and then while the other threads work (the child checks the memory it
  * inherited, allocates and frees large blocks, gets the driver's own error from a copy); each
@@ -288,7 +289,7 @@ static void logv(thr_t *t, uint32_t tag, uint64_t v)
 
 /* Log tags */
 enum { L_D2H = 1, L_CALLOC, L_REALLOC, L_FREE, L_MREMAP, L_MADV, L_SUM, L_RC, L_D2H_LATE, L_UNIFIED, L_2D, L_3D,
-       L_FORK, L_PROT, L_SIG };
+       L_FORK, L_PROT, L_SIG, L_BOUNCE };
 
 /* ---------------------------------------------------------------- streams and ordering */
 static int ordered(int y, int x)
@@ -658,6 +659,29 @@ static void op_hostsum(thr_t *t)
     t->what = "host checksum";
     slot_before_host(t, i);
     logv(t, L_SUM, hash_rows(s->p, s->n, 1, 1, s->n, s->n));
+}
+
+/* The program's own memcpy/memmove between two host buffers of any kind, or within one
+ * (overlapping): a framework's copy into or out of its pinned staging memory.  The shim may share
+ * a large one among its copy threads (contract rule 11); the bytes must be the C library's. */
+static void op_bounce(thr_t *t)
+{
+    int i = pick_slot(t, ~0u), j = pick_slot(t, ~0u);
+    if (i < 0 || j < 0) return;
+    slot_t *src = &t->s[i], *dst = &t->s[j];
+    t->what = i == j ? "memmove within a buffer" : "memcpy/memmove between buffers";
+    slot_before_host(t, i);
+    slot_before_host(t, j);
+    slot_writable(t, j);
+    size_t soff, len;
+    sub_range(t, src->n, &soff, &len);
+    if (len > dst->n) len = dst->n;
+    size_t doff = (size_t)rnd(t, dst->n - len + 1);
+    if (i == j || rnd(t, 2))
+        memmove(dst->p + doff, src->p + soff, len);
+    else
+        memcpy(dst->p + doff, src->p + soff, len);
+    logv(t, L_BOUNCE, hash_rows(dst->p + doff, len, 1, 1, len, len));
 }
 
 /* After a copy with host side [off, off+span) of slot i on stream x. */
@@ -1574,9 +1598,11 @@ static void *worker(void *arg)
         else if (w < 75) op_sync(t);
         else if (w < 82) op_register(t);
         else if (w < 87) op_unregister(t);
-        else if (w < 92) op_mmap_change(t);
+        else if (w < 90) op_mmap_change(t);
+        else if (w < 92) op_bounce(t);
         else if (w < 94) op_madvise_heap(t);
-        else if (w < 98) op_hostsum(t);
+        else if (w < 96) op_hostsum(t);
+        else if (w < 98) op_bounce(t);
         else if (w < 99) op_streams(t);
         else { t->what = "cuCtxSynchronize"; OK(t, cuCtxSynchronize()); settled(t, -1); }
     }
