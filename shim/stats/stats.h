@@ -94,6 +94,12 @@ void stats_registered_bytes(uint64_t now);
  * tables, or registration is unsupported): the reason goes into the report. */
 void stats_promotion_disabled(const char *reason);
 
+/* The node budget's figures for the report (the ceiling, bytes held on the node, by this
+ * process).  The budget lives in mem, above stats: top/init.c hands its reader in.  Without one
+ * the report shows the configured ceiling and nothing held. */
+typedef void (*stats_node_budget_reader)(uint64_t *budget, uint64_t *node_used, uint64_t *mine);
+void stats_set_node_budget_reader(stats_node_budget_reader read);
+
 /* Call-site attribution: walks the stack (backtrace) above the shim and driver frames, for
  * copies of at least PINSHIM_CALLSITE_MIN bytes and a sample of smaller ones (1 in
  * STATS_SITE_SAMPLE_EVERY, or 1 in STATS_SITE_SAMPLE_EVERY_SMALL under STATS_TIME_ALL_MIN). */

@@ -10,6 +10,7 @@
 #include "copy/staging.h"
 #include "copy/streams.h"
 #include "mem/heap.h"
+#include "mem/nodebudget.h"
 #include "mem/registry.h"
 #include "stats/stats.h"
 
@@ -54,6 +55,8 @@ void shim_init(void)
     if (__atomic_exchange_n(&started, 1, __ATOMIC_ACQ_REL))
         return;
     shim_enter();
+    /* The report (stats) sits below the node budget (mem): the reader is handed down. */
+    stats_set_node_budget_reader(nodebudget_usage);
     real_libc_resolve();
     config_load(NULL);
     heap_init();
