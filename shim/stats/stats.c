@@ -280,6 +280,13 @@ static void node_budget_usage(uint64_t *budget, uint64_t *node_used, uint64_t *m
     *node_used = *mine = 0;
 }
 
+static stats_tracking_reader tracking_reader;
+
+void stats_set_tracking_reader(stats_tracking_reader read)
+{
+    __atomic_store_n(&tracking_reader, read, __ATOMIC_RELEASE);
+}
+
 void stats_promotion_disabled(const char *reason)
 {
     if (__atomic_exchange_n(&disabled_claimed, 1, __ATOMIC_ACQ_REL))
@@ -731,6 +738,18 @@ static void write_json(struct out *o)
         node_budget_usage(&nb, &nb_used, &nb_mine);
         out_fmt(o, "\"node_budget\":{\"bytes\":%llu,\"used_bytes\":%llu,\"mine_bytes\":%llu},\n",
                 (unsigned long long)nb, (unsigned long long)nb_used, (unsigned long long)nb_mine);
+    }
+    {   /* what the registry tracks now */
+        stats_tracking_reader read = __atomic_load_n(&tracking_reader, __ATOMIC_ACQUIRE);
+        if (read) {
+            struct stats_tracking t = {0};
+            read(&t);
+            out_fmt(o, "\"tracking\":{\"program_mappings\":%llu,\"heap_blocks\":%llu,"
+                       "\"arena_records\":%llu,\"cached_blocks\":%llu,\"program_ranges\":%llu},\n",
+                    (unsigned long long)t.program_mappings, (unsigned long long)t.heap_blocks,
+                    (unsigned long long)t.arena_records, (unsigned long long)t.cached_blocks,
+                    (unsigned long long)t.program_ranges);
+        }
     }
     out_fmt(o, "\"other\":{\"capture_passthrough\":%llu,\"fallbacks\":%llu,\"batch_copies\":%llu,"
                "\"peer_copies\":%llu,\"fork_child_frees\":%llu,\"untracked_lookups\":%llu},\n",
