@@ -53,15 +53,16 @@ VARIANTS=(
 )
 
 # check_counts LOG JSON MODE: the shim counted exactly the copies the program says it issued
-# (EXPECTED_COPIES, observe mode: other modes may split or stage a copy), and the calls of each
-# entry point (EXPECTED_ENTRIES, every mode: the doors count what the program called).
+# (EXPECTED_COPIES, observe mode: other modes may split or stage a copy), the calls of each
+# entry point (EXPECTED_ENTRIES, every mode: the doors count what the program called), and what
+# the registry tracks at exit (EXPECTED_TRACKING, every mode: keys of the "tracking" object).
 check_counts() {
     python3 - "$1" "$2" "$3" <<'PY'
 import json, re, sys
 log, path, mode = sys.argv[1:4]
 want = {}
 for line in open(log, errors="replace"):
-    m = re.match(r"EXPECTED_(COPIES|ENTRIES) (.*)", line)
+    m = re.match(r"EXPECTED_(COPIES|ENTRIES|TRACKING) (.*)", line)
     if m:
         want[m.group(1)] = {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}
 stats = json.load(open(path))
@@ -73,6 +74,9 @@ if mode == "observe":
 got = stats.get("entry_points", {})
 bad += [f"entry point {k}: called {v} times, counted {got.get(k, 0)}"
         for k, v in want.get("ENTRIES", {}).items() if got.get(k, 0) != v]
+got = stats.get("tracking", {})
+bad += [f"tracking {k}: expected {v}, reported {got.get(k)}"
+        for k, v in want.get("TRACKING", {}).items() if got.get(k) != v]
 if bad:
     print("counts differ: " + "; ".join(bad))
     sys.exit(1)

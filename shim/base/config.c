@@ -674,8 +674,3 @@ bool config_expand_path_checked(const char *tmpl, char *out, size_t outsz)
     out[o] = '\0';
     return true;
 }
-
-void config_expand_path(const char *tmpl, char *out, size_t outsz)
-{
-    config_expand_path_checked(tmpl, out, outsz);
-}

@@ -74,10 +74,8 @@ uint64_t config_physical_memory(void);
 void config_print_table(int fd);
 
 /* Expand %p (pid) and %r (rank from RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID; "x" when
- * none) in a path template. */
-void config_expand_path(const char *tmpl, char *out, size_t outsz);
-/* The same, false when the result does not fit (out is then ""): a cut-short path would name
- * some other file.  %% gives %; any other % sequence is kept as it is. */
+ * none) in a path template; false when the result does not fit (out is then ""): a cut-short
+ * path would name some other file.  %% gives %; any other % sequence is kept as it is. */
 bool config_expand_path_checked(const char *tmpl, char *out, size_t outsz);
 
 #endif

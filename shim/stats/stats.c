@@ -11,7 +11,6 @@
 #include "base/os.h"
 #include "base/hooks.h"
 #include "base/log.h"
-#include "mem/nodebudget.h"
 #include "base/shim.h"
 
 #include <dlfcn.h>
@@ -265,6 +264,31 @@ void stats_registered_bytes(uint64_t now)
 }
 
 uint64_t stats_registered_peak(void) { return load_relaxed(&registered_peak); }
+
+static stats_node_budget_reader node_budget_reader;
+
+void stats_set_node_budget_reader(stats_node_budget_reader read)
+{
+    __atomic_store_n(&node_budget_reader, read, __ATOMIC_RELEASE);
+}
+
+static void node_budget_usage(uint64_t *budget, uint64_t *node_used, uint64_t *mine)
+{
+    stats_node_budget_reader read = __atomic_load_n(&node_budget_reader, __ATOMIC_ACQUIRE);
+    if (read) {
+        read(budget, node_used, mine);
+        return;
+    }
+    *budget = shim_cfg.node_budget;
+    *node_used = *mine = 0;
+}
+
+static stats_tracking_reader tracking_reader;
+
+void stats_set_tracking_reader(stats_tracking_reader read)
+{
+    __atomic_store_n(&tracking_reader, read, __ATOMIC_RELEASE);
+}
 
 void stats_promotion_disabled(const char *reason)
 {
@@ -712,11 +736,23 @@ static void write_json(struct out *o)
                "\"from_pinned\":%llu},\n",
             C(BOUNCE_COPIES), C(BOUNCE_BYTES), seconds(stats_get(STAT_BOUNCE_NS)), C(BOUNCE_TO_PINNED),
             C(BOUNCE_FROM_PINNED));
-    {   /* node budget (nodebudget.c): the ceiling, bytes held on the node, by this process */
+    {   /* node budget: the ceiling, bytes held on the node, by this process */
         uint64_t nb, nb_used, nb_mine;
-        nodebudget_usage(&nb, &nb_used, &nb_mine);
+        node_budget_usage(&nb, &nb_used, &nb_mine);
         out_fmt(o, "\"node_budget\":{\"bytes\":%llu,\"used_bytes\":%llu,\"mine_bytes\":%llu},\n",
                 (unsigned long long)nb, (unsigned long long)nb_used, (unsigned long long)nb_mine);
+    }
+    {   /* what the registry tracks now */
+        stats_tracking_reader read = __atomic_load_n(&tracking_reader, __ATOMIC_ACQUIRE);
+        if (read) {
+            struct stats_tracking t = {0};
+            read(&t);
+            out_fmt(o, "\"tracking\":{\"program_mappings\":%llu,\"heap_blocks\":%llu,"
+                       "\"arena_records\":%llu,\"cached_blocks\":%llu,\"program_ranges\":%llu},\n",
+                    (unsigned long long)t.program_mappings, (unsigned long long)t.heap_blocks,
+                    (unsigned long long)t.arena_records, (unsigned long long)t.cached_blocks,
+                    (unsigned long long)t.program_ranges);
+        }
     }
     out_fmt(o, "\"other\":{\"capture_passthrough\":%llu,\"fallbacks\":%llu,\"batch_copies\":%llu,"
                "\"peer_copies\":%llu,\"fork_child_frees\":%llu,\"untracked_lookups\":%llu},\n",
@@ -877,9 +913,9 @@ static void write_report(struct out *o)
     out_fmt(o, "staging: %llu copies, %s, %.4f s, failures %llu\n", C(STAGED_COPIES),
             human_bytes(stats_get(STAT_STAGED_BYTES), b1, sizeof b1),
             seconds(stats_get(STAT_STAGED_NS)), C(STAGING_FAILURES));
-    {   /* node budget (nodebudget.c) */
+    {   /* node budget */
         uint64_t nb, nb_used, nb_mine;
-        nodebudget_usage(&nb, &nb_used, &nb_mine);
+        node_budget_usage(&nb, &nb_used, &nb_mine);
         if (nb)
             out_fmt(o, "node budget: %s, %s held on the node, %s by this process\n",
                     human_bytes(nb, b1, sizeof b1), human_bytes(nb_used, b2, sizeof b2),

@@ -94,6 +94,24 @@ void stats_registered_bytes(uint64_t now);
  * tables, or registration is unsupported): the reason goes into the report. */
 void stats_promotion_disabled(const char *reason);
 
+/* The node budget's figures for the report (the ceiling, bytes held on the node, by this
+ * process).  The budget lives in mem, above stats: top/init.c hands its reader in.  Without one
+ * the report shows the configured ceiling and nothing held. */
+typedef void (*stats_node_budget_reader)(uint64_t *budget, uint64_t *node_used, uint64_t *mine);
+void stats_set_node_budget_reader(stats_node_budget_reader read);
+
+/* What the registry tracks at the time of the report (the registry lives in mem, above stats:
+ * top/init.c hands its reader in; without one the report has no "tracking" key). */
+struct stats_tracking {
+    uint64_t program_mappings;   /* the program's own mappings */
+    uint64_t heap_blocks;        /* large heap blocks outside the arena */
+    uint64_t arena_records;
+    uint64_t cached_blocks;
+    uint64_t program_ranges;     /* ranges the program registered itself */
+};
+typedef void (*stats_tracking_reader)(struct stats_tracking *t);
+void stats_set_tracking_reader(stats_tracking_reader read);
+
 /* Call-site attribution: walks the stack (backtrace) above the shim and driver frames, for
  * copies of at least PINSHIM_CALLSITE_MIN bytes and a sample of smaller ones (1 in
  * STATS_SITE_SAMPLE_EVERY, or 1 in STATS_SITE_SAMPLE_EVERY_SMALL under STATS_TIME_ALL_MIN). */
@@ -119,7 +137,8 @@ void stats_write_json(int fd);
 void stats_write_report(int fd);
 
 /* JSON keys beyond the README's format: memory.<kind>.seconds; other.untracked_lookups;
- * call_sites_total (distinct sites seen), call_site_copies_dropped (copies from sites past the
+ * tracking.{program_mappings,heap_blocks,arena_records,cached_blocks,program_ranges} (what the
+ * registry tracks when the file is written); call_sites_total (distinct sites seen), call_site_copies_dropped (copies from sites past the
  * table's limit), call_site_sampling (copies under PINSHIM_CALLSITE_MIN are sampled 1 in this
  * many and counted that many times); per call site: stack (the key's return addresses,
  * symbolized), sampled (counts include scaled samples), paths.device, flag_paths (per flag, the

@@ -10,6 +10,7 @@
 #include "copy/staging.h"
 #include "copy/streams.h"
 #include "mem/heap.h"
+#include "mem/nodebudget.h"
 #include "mem/registry.h"
 #include "stats/stats.h"
 
@@ -47,6 +48,20 @@ __attribute__((constructor)) static void pinshim_start(void)
     shim_init();
 }
 
+/* The registry's counts in the report's terms (stats sits below mem). */
+static void read_tracking(struct stats_tracking *t)
+{
+    struct registry_usage u;
+    registry_usage(&u);
+    *t = (struct stats_tracking){
+        .program_mappings = u.tracked_mappings,
+        .heap_blocks = u.huge_blocks,
+        .arena_records = u.arena_records,
+        .cached_blocks = u.cached_blocks,
+        .program_ranges = u.program_ranges,
+    };
+}
+
 static int started;
 
 void shim_init(void)
@@ -54,6 +69,10 @@ void shim_init(void)
     if (__atomic_exchange_n(&started, 1, __ATOMIC_ACQ_REL))
         return;
     shim_enter();
+    /* The report (stats) sits below the registry and the node budget (mem): their readers
+     * are handed down. */
+    stats_set_node_budget_reader(nodebudget_usage);
+    stats_set_tracking_reader(read_tracking);
     real_libc_resolve();
     config_load(NULL);
     heap_init();

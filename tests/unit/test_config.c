@@ -415,35 +415,35 @@ static void test_expand_path(void)
     char out[256], want[256];
 
     snprintf(want, sizeof want, "/tmp/run-%d.json", (int)getpid());
-    config_expand_path("/tmp/run-%p.json", out, sizeof out);
+    CHECK(config_expand_path_checked("/tmp/run-%p.json", out, sizeof out));
     CHECK(!strcmp(out, want));
-    config_expand_path("a%rb", out, sizeof out);
+    CHECK(config_expand_path_checked("a%rb", out, sizeof out));
     CHECK(!strcmp(out, "axb"));
     setenv("SLURM_PROCID", "7", 1);
-    config_expand_path("a%rb", out, sizeof out);
+    CHECK(config_expand_path_checked("a%rb", out, sizeof out));
     CHECK(!strcmp(out, "a7b"));
     setenv("PMI_RANK", "5", 1);
-    config_expand_path("a%rb", out, sizeof out);
+    CHECK(config_expand_path_checked("a%rb", out, sizeof out));
     CHECK(!strcmp(out, "a5b"));
     setenv("OMPI_COMM_WORLD_RANK", "4", 1);
-    config_expand_path("a%rb", out, sizeof out);
+    CHECK(config_expand_path_checked("a%rb", out, sizeof out));
     CHECK(!strcmp(out, "a4b"));
     setenv("RANK", "3", 1);
-    config_expand_path("r%r-p%p", out, sizeof out);
+    CHECK(config_expand_path_checked("r%r-p%p", out, sizeof out));
     snprintf(want, sizeof want, "r3-p%d", (int)getpid());
     CHECK(!strcmp(out, want));
     setenv("RANK", "", 1);   /* empty counts as unset */
-    config_expand_path("%r", out, sizeof out);
+    CHECK(config_expand_path_checked("%r", out, sizeof out));
     CHECK(!strcmp(out, "4"));
     setenv("RANK", "../1", 1);   /* a rank cannot move the file elsewhere */
-    config_expand_path("%r", out, sizeof out);
+    CHECK(config_expand_path_checked("%r", out, sizeof out));
     CHECK(!strchr(out, '/'));
     for (size_t i = 0; i < 4; i++)
         unsetenv(rank_vars[i]);
 
-    config_expand_path("100%% %q %", out, sizeof out);
+    CHECK(config_expand_path_checked("100%% %q %", out, sizeof out));
     CHECK(!strcmp(out, "100% %q %"));
-    config_expand_path("", out, sizeof out);
+    CHECK(config_expand_path_checked("", out, sizeof out));
     CHECK(out[0] == '\0');
     char small[8];
     CHECK(config_expand_path_checked("1234567", small, sizeof small) && !strcmp(small, "1234567"));

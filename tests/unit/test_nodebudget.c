@@ -398,6 +398,8 @@ static void test_processes(uint64_t B)
 
 static void test_stats_json(uint64_t B)
 {
+    /* What top/init.c does at start-up: the report reads the budget through this. */
+    stats_set_node_budget_reader(nodebudget_usage);
     CHECK(nodebudget_reserve(B / 2) == 1);
     char path[] = "/tmp/pinshim-nb-stats-XXXXXX";
     int fd = mkstemp(path);

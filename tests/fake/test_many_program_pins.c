@@ -1,0 +1,118 @@
+/* A program that pins 5,000 separate ranges itself (half from aligned_alloc, half from mmap),
+ * copies through some of them, and unregisters and frees them all.  The shim records each range
+ * in a growing array of its own; that array must come from its raw pages (base/os.c), never
+ * from the program's malloc or mmap, or it would be tracked as one of the program's mappings.
+ *   - every register and unregister succeeds, copies through pinned ranges are right;
+ *   - registering adds no mappings to the process beyond a few (the shim's array), nor does
+ *     unregistering;
+ *   - at exit the shim tracks exactly the mappings the program still holds (KEEP of them,
+ *     large enough to be tracked in every mode) and no program-pinned range: run_all.sh reads
+ *     EXPECTED_TRACKING against the stats file's "tracking" object. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include "drvtest.h"
+#include "fakecuda.h"
+
+#define RANGES 5000
+#define RANGE_BYTES 8192
+#define KEEP 3
+#define KEEP_BYTES (1u << 20)
+
+static int count_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return -1;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+int main(void)
+{
+    drvtest_init();
+    printf("mode=%s\n", drvtest_mode());
+    CUdeviceptr dev;
+    CU(cuMemAlloc(&dev, RANGE_BYTES));
+
+    /* Mappings the program keeps to the end: what the shim must report, and nothing more. */
+    void *keep[KEEP];
+    int kept = 0;
+    for (int i = 0; i < KEEP; i++) {
+        keep[i] = mmap(NULL, KEEP_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (keep[i] != MAP_FAILED) {
+            memset(keep[i], i + 1, KEEP_BYTES);
+            kept++;
+        }
+    }
+    CHECKF(kept == KEEP, "%d kept mappings of %u bytes", kept, KEEP_BYTES);
+
+    static unsigned char *range[RANGES];
+    int made = 0;
+    for (int i = 0; i < RANGES; i++) {
+        if (i % 2) {
+            void *p = mmap(NULL, RANGE_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            range[i] = p == MAP_FAILED ? NULL : p;
+        } else {
+            /* Page-aligned, so that no two registrations share a page. */
+            range[i] = aligned_alloc(4096, RANGE_BYTES);
+        }
+        made += range[i] != NULL;
+    }
+    CHECKF(made == RANGES, "%d ranges of %d bytes made", made, RANGE_BYTES);
+    if (made != RANGES)
+        return TEST_SUMMARY();
+
+    int before = count_mappings();
+    int registered = 0;
+    for (int i = 0; i < RANGES; i++)
+        registered += cuMemHostRegister(range[i], RANGE_BYTES, 0) == CUDA_SUCCESS;
+    CHECKF(registered == RANGES, "%d of %d program registrations succeeded", registered, RANGES);
+    int during = count_mappings();
+    /* The shim's array of 5,000 ranges is one mapping (or none, merged with a neighbour). */
+    CHECKF(during - before <= 4, "registering added %d mappings (%d -> %d), at most 4", during - before,
+           before, during);
+
+    int copies_ok = 1;
+    for (int k = 0; k < 4; k++) {
+        int i = k * (RANGES - 1) / 3;   /* the first, the last, two between */
+        fill_pattern(range[i], RANGE_BYTES, (unsigned)i);
+        CU(cuMemcpyHtoD(dev, range[i], RANGE_BYTES));
+        memset(range[i], 0, RANGE_BYTES);
+        CU(cuMemcpyDtoH(range[i], dev, RANGE_BYTES));
+        copies_ok &= check_pattern(range[i], RANGE_BYTES, (unsigned)i);
+    }
+    CHECKF(copies_ok, "copies through 4 program-pinned ranges are right");
+    CHECKF(fakecuda_registered(range[0], RANGE_BYTES) && fakecuda_registered(range[RANGES - 1], RANGE_BYTES),
+           "the driver holds the program's registrations");
+
+    int mid = count_mappings();   /* the copies may have started the shim's threads */
+    int unregistered = 0;
+    for (int i = 0; i < RANGES; i++)
+        unregistered += cuMemHostUnregister(range[i]) == CUDA_SUCCESS;
+    CHECKF(unregistered == RANGES, "%d of %d unregisters succeeded", unregistered, RANGES);
+    CHECKF(!fakecuda_registered(range[0], RANGE_BYTES), "nothing of the program's left registered");
+    for (int i = 0; i < RANGES; i++) {
+        if (i % 2)
+            munmap(range[i], RANGE_BYTES);
+        else
+            free(range[i]);
+    }
+    int after = count_mappings();
+    CHECKF(after - mid <= 2, "unregistering and freeing added %d mappings (%d -> %d), at most 2",
+           after - mid, mid, after);
+
+    CU(cuCtxSynchronize());
+    CU(cuMemFree(dev));
+    CHECKF(fakecuda_violations() == 0, "no violations (%lu)", fakecuda_violations());
+    printf("EXPECTED_COPIES h2d=4 d2h=4\n");
+    printf("EXPECTED_ENTRIES cuMemHostRegister_v2=%d cuMemHostUnregister=%d\n", RANGES, RANGES);
+    printf("EXPECTED_TRACKING program_mappings=%d program_ranges=0\n", KEEP);
+    return TEST_SUMMARY();
+}
