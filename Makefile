@@ -105,9 +105,19 @@ $(FAKE_LIB): $(FAKE_SRCS) $(FAKE_HDRS)
 	$(CC) $(CFLAGS_COMMON) -fPIC -shared -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic -o $@ $(FAKE_SRCS) -ldl -lrt
 	ln -sf libcuda.so.1 $(BUILD)/fakecuda/libcuda.so
 
-$(BUILD)/tests/unit/%: tests/unit/%.c $(LOGIC_OBJS) $(wildcard tests/*.h) $(SHIM_HDRS)
+# Test seams (code under PINSHIM_TEST_SEAMS) are compiled into a second copy of their objects
+# that only the unit tests link: libpinshim.so never carries them.
+SEAM_SRCS := $(shell grep -l 'PINSHIM_TEST_SEAMS' $(LOGIC_SRCS))
+SEAM_OBJS := $(SEAM_SRCS:shim/%.c=$(BUILD)/obj-seams/%.o)
+UNIT_OBJS := $(filter-out $(SEAM_SRCS:shim/%.c=$(BUILD)/obj/%.o),$(LOGIC_OBJS)) $(SEAM_OBJS)
+
+$(BUILD)/obj-seams/%.o: shim/%.c $(SHIM_HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(TEST_CFLAGS) -o $@ $< $(LOGIC_OBJS) -ldl -lrt -lm
+	$(CC) $(SHIM_CFLAGS) -DPINSHIM_TEST_SEAMS -include base/libc_calls.h -c $< -o $@
+
+$(BUILD)/tests/unit/%: tests/unit/%.c $(UNIT_OBJS) $(wildcard tests/*.h) $(SHIM_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(TEST_CFLAGS) -DPINSHIM_TEST_SEAMS -o $@ $< $(UNIT_OBJS) -ldl -lrt -lm
 
 # Test programs reach the (fake) driver through its doors: linked directly, or by dlopen + dlsym.
 $(BUILD)/tests/fake/%: tests/fake/%.c $(FAKE_LIB) $(wildcard tests/*.h tests/fakecuda/*.h)

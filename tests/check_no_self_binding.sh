@@ -10,7 +10,9 @@
 #   2. no PLT or GOT relocation (JUMP_SLOT, GLOB_DAT) names a function the library exports;
 #   3. no other relocation names an exported allocator, mapping or string function.  The doors'
 #      tables name the library's own cu* entry points on purpose (what dlsym and
-#      cuGetProcAddress hand out), so driver entry points are allowed there.
+#      cuGetProcAddress hand out), so driver entry points are allowed there;
+#   4. no test seam is in the library at all, exported or hidden: code under PINSHIM_TEST_SEAMS
+#      is built only into the unit tests' objects (the Makefile's obj-seams).
 # The exported set is read from the library itself (defined, GLOBAL, FUNC).
 set -u
 BUILD=${1:-build}
@@ -73,5 +75,19 @@ if [ -z "$self" ]; then
     echo "PASS no data relocation names an exported allocator, mapping or string function"
 else
     echo "FAIL data relocations name the library's own exports: $(echo $self)"; fail=1
+fi
+
+# ---- 4. no test seam inside, hidden or not ----
+if command -v nm >/dev/null; then
+    seams=$(nm "$LIB" 2>/dev/null | awk '{ print $NF }' | grep -E '_test_|_for_test' | sort -u || true)
+    if ! nm "$LIB" >/dev/null 2>&1 || [ -z "$(nm "$LIB" 2>/dev/null | head -n 1)" ]; then
+        echo "FAIL nm reads no symbol table from $LIB: the test-seam check would prove nothing"; fail=1
+    elif [ -z "$seams" ]; then
+        echo "PASS no test seam (*_test_*) among the library's symbols, hidden ones included"
+    else
+        echo "FAIL test seams built into the library: $(echo $seams)"; fail=1
+    fi
+else
+    echo "FAIL nm not found (binutils)"; fail=1
 fi
 exit $fail

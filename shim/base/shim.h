@@ -19,7 +19,7 @@ extern __thread int shim_busy;
 static inline void shim_enter(void) { shim_busy++; }
 static inline void shim_leave(void) { shim_busy--; }
 
-/* Set in a forked child: it must not call into the driver (semantics rule 8). */
+/* Set in a forked child: it must not call into the driver (contract rule 8). */
 extern volatile int shim_forked_child;
 
 static inline uint64_t shim_now_ns(void)

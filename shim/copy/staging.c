@@ -493,7 +493,7 @@ int staging_available(size_t bytes)
 }
 
 /* [dev, dev + extent) lies in one device allocation.  Otherwise the original call must run,
- * so the program gets its error code (semantics rule 3). */
+ * so the program gets its error code (contract rule 3). */
 static int device_range_ok(CUdeviceptr dev, size_t extent)
 {
     unsigned int type = 0;

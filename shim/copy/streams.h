@@ -35,7 +35,7 @@ int streams_program_waits(struct shim_stream *ss, CUstream stream, enum hook_fla
 void streams_forget_all(void);
 
 /* Capture: while any stream capture is active in the process the shim changes nothing
- * (semantics rule 6), since its own calls (register, event waits) are not capture-safe. */
+ * (contract rule 6), since its own calls (register, event waits) are not capture-safe. */
 int capture_active(void);
 void capture_begin(CUstream s, CUstreamCaptureMode mode);
 void capture_end(CUstream s);

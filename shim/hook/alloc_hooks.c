@@ -265,7 +265,7 @@ SHIM_EXPORT size_t malloc_usable_size(void *p)
     return libc_ready() ? libc.malloc_usable_size(p) : 0;
 }
 
-/* The mmap family: registrations must be let go before memory leaves (semantics rule 4). */
+/* The mmap family: registrations must be let go before memory leaves (contract rule 4). */
 
 SHIM_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {

@@ -539,6 +539,9 @@ int nodebudget_audit(struct nodebudget_audit *a)
     return 0;
 }
 
+#ifdef PINSHIM_TEST_SEAMS
+/* Test seams: built into the unit tests' copy of this file only (Makefile: obj-seams), never
+ * into libpinshim.so. */
 int nodebudget_test_plant(int32_t pid, uint64_t start, uint64_t bytes)
 {
     uint64_t budget = shim_cfg.node_budget;
@@ -569,3 +572,4 @@ void nodebudget_test_die_locked(void)
     }
     _exit(1);
 }
+#endif

@@ -32,10 +32,12 @@ struct nodebudget_audit {
 /* Read the segment under its lock (attaching if needed): 0, 1 when the node budget fell back
  * to a per-process ceiling (only budget is filled), -1 when there is no node budget. */
 int nodebudget_audit(struct nodebudget_audit *a);
+#ifdef PINSHIM_TEST_SEAMS
 /* Put a slot for another process into the segment, as a dead or reused pid would leave it. */
 int nodebudget_test_plant(int32_t pid, uint64_t start, uint64_t bytes);
 /* Take the segment's lock, spoil the node total, and die by SIGKILL holding the lock: what a
  * process killed halfway through an update leaves behind. */
 void nodebudget_test_die_locked(void);
+#endif
 
 #endif

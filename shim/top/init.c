@@ -32,7 +32,7 @@ static void after_fork_parent(void)
 static void after_fork_child(void)
 {
     /* The child shares no driver state with the parent: it must never call the driver
-     * (semantics rule 8).  Its frees of tracked blocks still work, without the driver. */
+     * (contract rule 8).  Its frees of tracked blocks still work, without the driver. */
     shim_forked_child = 1;
     meta_after_fork_child();
     heap_after_fork_child();

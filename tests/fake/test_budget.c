@@ -1,4 +1,4 @@
-/* Semantics rule 7: the budget is a hard ceiling on the bytes the shim keeps registered, at every
+/* Contract rule 7: the budget is a hard ceiling on the bytes the shim keeps registered, at every
  * instant, under concurrent load.  8 threads each run 200 steps: malloc a random size in
  * 64 KiB..4 MiB, fill, copy H2D 1-3 times (sync legacy or async on the thread's own stream),
  * D2H and check, sometimes realloc (content kept, copied again), free.  A sampler thread reads the

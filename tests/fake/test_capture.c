@@ -1,4 +1,4 @@
-/* Semantics rule 6: while a stream captures a graph, the shim changes nothing.
+/* Contract rule 6: while a stream captures a graph, the shim changes nothing.
  *   - global and thread-local capture on a created blocking stream, and a global capture of the
  *     per-thread default stream through the _ptsz entry points: async H2D from a hot (promoted)
  *     buffer and from a warm pageable buffer copied again and again, async D2H into

@@ -1,4 +1,4 @@
-/* Semantics rule 8: a forked child never calls into the driver through the shim, and its frees of
+/* Contract rule 8: a forked child never calls into the driver through the shim, and its frees of
  * blocks the shim promoted in the parent still work.
  *   - the parent makes buffers hot (promoted under pin/full; one of them an mmap), frees one more
  *     promoted block (into the shim's cache), then forks;

@@ -1,4 +1,4 @@
-/* Semantics rule 4: a registration never outlives its memory, and memory that changes hands
+/* Contract rule 4: a registration never outlives its memory, and memory that changes hands
  * carries its own content.
  *   - a promoted block freed, a new block of the same size (perhaps the same address, served
  *     from the shim's pinned cache): its own content goes through H2D and back, async too;

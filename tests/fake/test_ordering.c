@@ -1,4 +1,4 @@
-/* Semantics rule 2: a copy the shim moves to its own stream still waits for what the original
+/* Contract rule 2: a copy the shim moves to its own stream still waits for what the original
  * call waited for, and later work still sees it.
  *   - device work on a blocking created stream, then a legacy sync D2H into a hot buffer (and a
  *     2D and a cuMemcpy one): sees the work; a legacy sync H2D lands after it;

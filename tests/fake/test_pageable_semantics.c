@@ -1,4 +1,4 @@
-/* Semantics rule 1: memory the shim promoted is still pageable memory for the program.
+/* Contract rule 1: memory the shim promoted is still pageable memory for the program.
  *   - cuMemcpyHtoDAsync (and _ptsz, and 2D async) from a hot buffer: the source may be overwritten
  *     the moment the call returns; the device still gets the old content;
  *   - cuMemcpyDtoHAsync (and _ptsz, and 2D async) into a hot buffer: the data is there when the

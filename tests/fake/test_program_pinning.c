@@ -1,4 +1,4 @@
-/* Semantics rules 3 and 5: the program's own pinning always works, and errors are the driver's.
+/* Contract rules 3 and 5: the program's own pinning always works, and errors are the driver's.
  *   - cuMemHostRegister by the program of a range the shim promoted (the whole buffer; a
  *     sub-range of another; a range straddling two promoted mappings) succeeds; copies work;
  *     cuMemHostUnregister works; registering twice, or an overlapping range, gives

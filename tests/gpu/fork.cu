@@ -1,4 +1,4 @@
-// fork.cu: semantics rule 8, a forked child never calls into CUDA through the shim.
+// fork.cu: contract rule 8, a forked child never calls into CUDA through the shim.
 //
 // The parent makes several buffers hot (malloc, new[], mmap: promoted under the shim) while a
 // background thread keeps copying (so the shim's locks and copy threads are busy at fork time),

@@ -1,4 +1,4 @@
-// graph_capture.cu: semantics rule 6, stream capture is left alone.
+// graph_capture.cu: contract rule 6, stream capture is left alone.
 //
 // For each capture mode (global, thread-local, relaxed) a non-blocking stream is captured doing
 //   H2D async from a hot pageable buffer (promoted by the shim before the capture),

@@ -1,4 +1,4 @@
-// ordering.cu: semantics rule 2 (ordering is preserved) with real kernels.
+// ordering.cu: contract rule 2 (ordering is preserved) with real kernels.
 //
 // Each check launches a kernel that spins ~50 ms and then writes (or reads) a buffer, and then
 // issues a copy that the CUDA stream rules order after that kernel.  The host buffers are

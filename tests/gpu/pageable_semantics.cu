@@ -1,4 +1,4 @@
-// pageable_semantics.cu: semantics rule 1, promoted memory keeps pageable semantics.
+// pageable_semantics.cu: contract rule 1, promoted memory keeps pageable semantics.
 //
 // The host buffers are malloc'd (64 MiB) and copied several times first, so under the shim they
 // are promoted (registered).  For the program they are still pageable memory:

@@ -1,4 +1,4 @@
-// program_pinning.cu: semantics rule 5, the program's own pinning always works (and rule 3,
+// program_pinning.cu: contract rule 5, the program's own pinning always works (and rule 3,
 // its error codes are the original's).
 //
 //   register_promoted      malloc'd buffer made hot (the shim has promoted it), then the program

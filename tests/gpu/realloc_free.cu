@@ -1,4 +1,4 @@
-// realloc_free.cu: semantics rule 4, a registration never outlives its memory.
+// realloc_free.cu: contract rule 4, a registration never outlives its memory.
 //
 // A buffer is made hot (copied several times, so the shim promotes it), then its memory goes
 // back to the allocator or the kernel, and new memory (often at the same address, with new
