@@ -55,7 +55,10 @@ VARIANTS=(
 # check_counts LOG JSON MODE: the shim counted exactly the copies the program says it issued
 # (EXPECTED_COPIES, observe mode: other modes may split or stage a copy), the calls of each
 # entry point (EXPECTED_ENTRIES, every mode: the doors count what the program called), and what
-# the registry tracks at exit (EXPECTED_TRACKING, every mode: keys of the "tracking" object).
+# the registry tracks at exit (EXPECTED_TRACKING, every mode: keys of the "tracking" object),
+# and the call sites (EXPECTED_SITE exact|sampled size=S copies=N bytes=B, every mode: the site
+# whose copies are of size S; exact: those numbers, not marked sampled; sampled: marked, count
+# and bytes within a third of the truth).
 check_counts() {
     python3 - "$1" "$2" "$3" <<'PY'
 import json, re, sys
@@ -65,6 +68,11 @@ for line in open(log, errors="replace"):
     m = re.match(r"EXPECTED_(COPIES|ENTRIES|TRACKING) (.*)", line)
     if m:
         want[m.group(1)] = {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}
+    m = re.match(r"EXPECTED_SITE (exact|sampled) (.*)", line)
+    if m:
+        site = {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}
+        site["how"] = m.group(1)
+        want.setdefault("SITES", []).append(site)
 stats = json.load(open(path))
 bad = []
 if mode == "observe":
@@ -77,6 +85,21 @@ bad += [f"entry point {k}: called {v} times, counted {got.get(k, 0)}"
 got = stats.get("tracking", {})
 bad += [f"tracking {k}: expected {v}, reported {got.get(k)}"
         for k, v in want.get("TRACKING", {}).items() if got.get(k) != v]
+sites = [c for c in stats.get("call_sites", []) if c["count"]]
+for w in want.get("SITES", []):
+    near = [c for c in sites if abs(c["bytes"] / c["count"] - w["size"]) <= 0.1 * w["size"]]
+    if len(near) != 1:
+        bad.append(f"call site of {w['size']}-byte copies: {len(near)} sites found")
+        continue
+    c = near[0]
+    if w["how"] == "exact":
+        if (c["count"], c["bytes"], c["sampled"]) != (w["copies"], w["bytes"], False):
+            bad.append(f"call site of {w['size']}-byte copies: {c['count']} copies, {c['bytes']} bytes, "
+                       f"sampled={c['sampled']}; made {w['copies']} copies, {w['bytes']} bytes, exact")
+    elif not (c["sampled"] and abs(c["count"] - w["copies"]) <= w["copies"] / 3
+              and abs(c["bytes"] - w["bytes"]) <= w["bytes"] / 3):
+        bad.append(f"call site of {w['size']}-byte copies: {c['count']} copies, {c['bytes']} bytes, "
+                   f"sampled={c['sampled']}; made {w['copies']} copies, {w['bytes']} bytes (an estimate within a third)")
 if bad:
     print("counts differ: " + "; ".join(bad))
     sys.exit(1)

@@ -401,21 +401,50 @@ static bool frame_is_skipped(void *addr)
     return skip;
 }
 
+/* Per thread, for copies under 1 MiB and above: how many were walked exactly, and the copies
+ * and bytes since the last sampled walk.  stats_reset clears the calling thread's. */
+static __thread struct site_sampler { uint32_t exact; uint64_t copies, bytes, next, rng; } sampler[2];
+
+/* The bytes until the next sampled walk: the period, jittered uniformly over half of it either
+ * way, so that a program's periodic pattern of copies cannot line up with the samples and
+ * credit one site with another's bytes.  A fixed seed keeps a run's attribution repeatable. */
+static uint64_t site_sample_gap(struct site_sampler *sp, uint64_t period)
+{
+    if (!sp->rng)
+        sp->rng = 0x9E3779B97F4A7C15ull;
+    sp->rng ^= sp->rng << 13;
+    sp->rng ^= sp->rng >> 7;
+    sp->rng ^= sp->rng << 17;
+    return period / 2 + sp->rng % period;
+}
+
 __attribute__((noinline)) void stats_record_site(const struct copy_record *r)
 {
-    /* A stack walk costs microseconds: copies under PINSHIM_CALLSITE_MIN are sampled, the
-     * smallest (a few microseconds each) most sparsely.  A thread's first copy of a class
-     * stands for itself; each later sample for the copies since the previous one, so a short
-     * program is never credited with copies it did not make. */
-    static __thread uint32_t sample_tick[2];
-    uint64_t weight = 1;
+    /* A stack walk costs microseconds: below PINSHIM_CALLSITE_MIN, exact for each thread's
+     * first copies of a class, then one walk per STATS_SITE_SAMPLE_BYTES(_SMALL) moved, standing
+     * for the copies and bytes since the previous one (see stats.h). */
+    uint64_t copies = 1, bytes = r->bytes;
     if (r->bytes < shim_cfg.callsite_min) {
         int small = r->bytes < STATS_TIME_ALL_MIN;
-        uint32_t every = small ? STATS_SITE_SAMPLE_EVERY_SMALL : STATS_SITE_SAMPLE_EVERY;
-        uint32_t tick = sample_tick[small]++;
-        if (tick % every)
-            return;
-        weight = tick ? every : 1;
+        if (sampler[small].exact < (small ? STATS_SITE_EXACT_FIRST_SMALL : STATS_SITE_EXACT_FIRST)) {
+            sampler[small].exact++;
+        } else {
+            struct site_sampler *sp = &sampler[small];
+            uint64_t period = small ? STATS_SITE_SAMPLE_BYTES_SMALL : STATS_SITE_SAMPLE_BYTES;
+            if (!sp->next)
+                sp->next = site_sample_gap(sp, period);
+            sp->copies++;
+            sp->bytes += r->bytes ? r->bytes : 1;   /* empty copies still get walked */
+            if (sp->bytes < sp->next)
+                return;
+            sp->next = site_sample_gap(sp, period);
+            /* It stands for the bytes since the last walk, and for as many copies of its own
+             * size as make them: a site of large copies walked once for many small ones of
+             * other sites is not credited with their count. */
+            bytes = r->bytes ? sampler[small].bytes : 0;
+            copies = r->bytes ? (bytes + r->bytes / 2) / r->bytes : sampler[small].copies;
+            sampler[small].copies = sampler[small].bytes = 0;
+        }
     }
     if ((unsigned)r->kind >= MEM_KIND_COUNT)
         return;
@@ -465,19 +494,20 @@ __attribute__((noinline)) void stats_record_site(const struct copy_record *r)
         }
     }
     if (s) {
-        s->t.count += weight;
-        s->t.bytes += (uint64_t)r->bytes * weight;
+        s->t.count += copies;
+        s->t.bytes += bytes;
         if (r->timed) {
-            s->t.ns += r->ns * weight;
-            s->t.timed += weight;
+            /* The copies it stands for took time in proportion to their bytes. */
+            s->t.ns += r->bytes ? (uint64_t)((double)r->ns * ((double)bytes / (double)r->bytes)) : r->ns * copies;
+            s->t.timed += copies;
         }
-        s->t.kind_count[r->kind] += weight;
+        s->t.kind_count[r->kind] += copies;
         for (int f = 0; f < FLAG_COUNT; f++)
             if (raised & (1u << f))
                 s->t.flag_kinds[f] |= 1u << r->kind;
-        s->t.sampled |= weight > 1;
+        s->t.sampled |= copies > 1;
     } else {
-        site_copies_dropped += weight;
+        site_copies_dropped += copies;
     }
     pthread_mutex_unlock(&sites_lock);
     shim_leave();
@@ -787,9 +817,10 @@ static void write_json(struct out *o)
     uint64_t distinct, dropped;
     size_t n = top_sites(top, SITE_TOP_JSON, &distinct, &dropped);
     out_fmt(o, "],\n\"call_sites_total\":%llu,\"call_site_copies_dropped\":%llu,"
-               "\"call_site_sampling\":%d,\"call_site_sampling_small\":%d,\n\"call_sites\":[",
-            (unsigned long long)distinct, (unsigned long long)dropped, STATS_SITE_SAMPLE_EVERY,
-            STATS_SITE_SAMPLE_EVERY_SMALL);
+               "\"call_site_exact_first\":%d,\"call_site_exact_first_small\":%d,"
+               "\"call_site_sample_bytes\":%u,\"call_site_sample_bytes_small\":%u,\n\"call_sites\":[",
+            (unsigned long long)distinct, (unsigned long long)dropped, STATS_SITE_EXACT_FIRST,
+            STATS_SITE_EXACT_FIRST_SMALL, STATS_SITE_SAMPLE_BYTES, STATS_SITE_SAMPLE_BYTES_SMALL);
     for (size_t i = 0; i < n; i++) {
         json_site(o, &top[i], i == 0);
         out_str(o, "\n");
@@ -945,10 +976,12 @@ static void write_report(struct out *o)
     struct site_totals top[SITE_TOP_REPORT];
     uint64_t distinct, dropped;
     size_t n = top_sites(top, SITE_TOP_REPORT, &distinct, &dropped);
-    out_fmt(o, "\ncall sites: top %zu of %llu by bytes (copies under %s sampled 1 in %d, under "
-               "1 MiB 1 in %d, and scaled, marked ~)\n",
+    out_fmt(o, "\ncall sites: top %zu of %llu by bytes (of copies under %s, each thread's first %d "
+               "(%d under 1 MiB) are exact, later ones sampled once per %s moved (%s under 1 MiB) "
+               "and scaled, marked ~)\n",
             n, (unsigned long long)distinct, human_bytes(shim_cfg.callsite_min, b1, sizeof b1),
-            STATS_SITE_SAMPLE_EVERY, STATS_SITE_SAMPLE_EVERY_SMALL);
+            STATS_SITE_EXACT_FIRST, STATS_SITE_EXACT_FIRST_SMALL,
+            human_bytes(STATS_SITE_SAMPLE_BYTES, b2, sizeof b2), human_bytes(STATS_SITE_SAMPLE_BYTES_SMALL, b3, sizeof b3));
     for (size_t i = 0; i < n; i++)
         report_site(o, (unsigned)i + 1, &top[i]);
     if (dropped)
@@ -1087,5 +1120,6 @@ void stats_reset(void)
     }
     site_count = 0;
     site_copies_dropped = 0;
+    memset(sampler, 0, sizeof sampler);
     shim_leave();
 }

@@ -112,11 +112,17 @@ struct stats_tracking {
 typedef void (*stats_tracking_reader)(struct stats_tracking *t);
 void stats_set_tracking_reader(stats_tracking_reader read);
 
-/* Call-site attribution: walks the stack (backtrace) above the shim and driver frames, for
- * copies of at least PINSHIM_CALLSITE_MIN bytes and a sample of smaller ones (1 in
- * STATS_SITE_SAMPLE_EVERY, or 1 in STATS_SITE_SAMPLE_EVERY_SMALL under STATS_TIME_ALL_MIN). */
-#define STATS_SITE_SAMPLE_EVERY 64
-#define STATS_SITE_SAMPLE_EVERY_SMALL 1024
+/* Call-site attribution: walks the stack (backtrace) above the shim and driver frames.  Copies
+ * of at least PINSHIM_CALLSITE_MIN bytes are walked every time.  Of smaller ones, each thread's
+ * first STATS_SITE_EXACT_FIRST copies of at least STATS_TIME_ALL_MIN (_SMALL: of smaller ones) are
+ * walked too, so a short run is exact; after them one copy is walked each time the class has
+ * moved STATS_SITE_SAMPLE_BYTES (_SMALL) more, and stands for the copies and bytes since the
+ * previous walk (an estimate, marked so): a site's chance to be walked follows its bytes, so a
+ * site that carries a noticeable share of them does not disappear. */
+#define STATS_SITE_EXACT_FIRST 256
+#define STATS_SITE_EXACT_FIRST_SMALL 64
+#define STATS_SITE_SAMPLE_BYTES (64u << 20)
+#define STATS_SITE_SAMPLE_BYTES_SMALL (16u << 20)
 void stats_record_site(const struct copy_record *r);
 
 /* Read-only views for tests and the report. */

@@ -228,6 +228,27 @@ __attribute__((noinline)) static void site_async_pageable(void)
     __asm__ volatile("");
 }
 
+/* Small copies of 100 bytes: the exact ones (less the one the empty D2D copy before them
+ * takes), then enough for at least one byte-weighted sample (the gap between samples is at
+ * most 1.5 periods). */
+#define SMALL_EXACT (STATS_SITE_EXACT_FIRST_SMALL - 1)
+#define SMALL_N (SMALL_EXACT + (int)((STATS_SITE_SAMPLE_BYTES_SMALL * 3 / 2 + 99) / 100))
+
+/* Bytes as the report writes them (two decimals, binary units). */
+static void human(char *buf, size_t n, double b)
+{
+    const char *u[] = { "B", "KiB", "MiB", "GiB" };
+    int i = 0;
+    while (b >= 1024 && i < 3) {
+        b /= 1024;
+        i++;
+    }
+    if (i == 0)
+        snprintf(buf, n, "%.0f B", b);
+    else
+        snprintf(buf, n, "%.2f %s", b, u[i]);
+}
+
 __attribute__((noinline)) static void site_small(void)
 {
     record(DIR_D2H, MEM_PINNED, 100, 1000, 1, 0);
@@ -298,11 +319,12 @@ static void test_json_and_report(void)
     for (volatile int i = 0; i < 2; i++)   /* one site: the key includes the caller's frames */
         site_big_h2d();
     site_async_pageable();
-    /* Under PINSHIM_CALLSITE_MIN and 1 MiB: the thread's first such copy is sampled for
-     * itself, the 1024th after it for those 1024 (the numbers below). */
-    _Static_assert(STATS_SITE_SAMPLE_EVERY_SMALL == 1024, "small-copy site sampling is 1 in 1024");
+    /* Under PINSHIM_CALLSITE_MIN and 1 MiB: the thread's first STATS_SITE_EXACT_FIRST_SMALL such
+     * copies are walked one by one, then the one that brings the bytes since to
+     * STATS_SITE_SAMPLE_BYTES_SMALL stands for all of them (SMALL_N copies in all, every one
+     * attributed). */
     record(DIR_D2D, MEM_DEVICE, 0, 10, 0, 0);
-    for (int i = 0; i < STATS_SITE_SAMPLE_EVERY_SMALL; i++)
+    for (int i = 0; i < SMALL_N; i++)
         site_small();
     stats_add(STAT_PROMOTIONS, 7);
     stats_add(STAT_PROMOTED_BYTES, 3u << 30);
@@ -325,10 +347,11 @@ static void test_json_and_report(void)
     int fd = mkstemp(path);
     stats_write_json(fd);
     close(fd);
-    int rc = python_check(path,
+    char checks[4096];
+    snprintf(checks, sizeof checks,
         "c=d[\"copies\"]; m=d[\"memory\"]; s=d[\"call_sites\"]\n"
-        "assert c[\"h2d\"][\"count\"]==4 and c[\"d2h\"][\"count\"]==1024 and c[\"d2d\"][\"count\"]==1\n"
-        "assert m[\"promoted\"][\"bytes\"]==128<<20 and m[\"pinned\"][\"count\"]==1024\n"
+        "assert c[\"h2d\"][\"count\"]==4 and c[\"d2h\"][\"count\"]==%d and c[\"d2d\"][\"count\"]==1\n"
+        "assert m[\"promoted\"][\"bytes\"]==128<<20 and m[\"pinned\"][\"count\"]==%d\n"
         "assert d[\"promotions\"][\"count\"]==7 and d[\"promotions\"][\"bytes\"]==3<<30\n"
         "assert d[\"promotions\"][\"registered_bytes_peak\"]==5<<20\n"
         "assert abs(d[\"promotions\"][\"register_seconds\"]-1.5)<1e-9\n"
@@ -337,11 +360,14 @@ static void test_json_and_report(void)
         "assert [h[\"min_bytes\"] for h in d[\"histogram\"]]==[0,64,1<<21,1<<26]\n"
         "assert len(s)==4 and s[0][\"bytes\"]==128<<20 and s[0][\"count\"]==2\n"
         "assert s[0][\"paths\"][\"promoted\"]==2 and s[0][\"flags\"]==[\"sync_blocking\"]\n"
-        "a=s[1]; assert a[\"bytes\"]==4<<20 and a[\"flags\"]==[\"async_from_pageable\"]\n"
+        "a=[x for x in s if x[\"bytes\"]==4<<20][0]; assert a[\"flags\"]==[\"async_from_pageable\"]\n"
         "assert a[\"flag_paths\"][\"async_from_pageable\"]==[\"pageable\",\"staged\"]\n"
-        "p=[x for x in s if x[\"paths\"][\"pinned\"]][0]; assert p[\"count\"]==1024 and p[\"sampled\"]\n"
-        "assert p[\"flags\"]==[]\n"
-        "assert s[0][\"site\"]!=a[\"site\"] and all(x[\"site\"] for x in s)\n");
+        "p=[x for x in s if x[\"paths\"][\"pinned\"]][0]; assert %d < p[\"count\"] <= %d and p[\"sampled\"], p\n"
+        "assert p[\"bytes\"]==p[\"count\"]*100 and p[\"flags\"]==[]\n"
+        "assert s[0][\"site\"]!=a[\"site\"] and all(x[\"site\"] for x in s)\n"
+        "assert d[\"call_site_exact_first_small\"]==%d and d[\"call_site_sample_bytes_small\"]==%d\n",
+        SMALL_N, SMALL_N, SMALL_EXACT, SMALL_N, STATS_SITE_EXACT_FIRST_SMALL, (int)STATS_SITE_SAMPLE_BYTES_SMALL);
+    int rc = python_check(path, checks);
     unlink(path);
     if (rc < 0)
         printf("SKIP python3 json checks (no python3)\n");
@@ -360,20 +386,28 @@ static void test_json_and_report(void)
     CHECK(strstr(text, "pinshim report, pid ") && strstr(text, "mode full"));
     CHECK(strstr(text, "promotion: disabled: quote"));
     CHECK(strstr(text, "128.00 MiB") && strstr(text, "132.00 MiB"));   /* promoted; h2d total */
-    CHECK(strstr(text, "100.00 KiB"));                                   /* 1024 x 100 bytes */
+    char want[64];
+    human(want, sizeof want, (double)SMALL_N * 100);                      /* SMALL_N x 100 bytes */
+    CHECKF(strstr(text, want), "report: the small copies' bytes (%s)", want);
     CHECK(strstr(text, "promotions: 7 (3.00 GiB)") && strstr(text, "peak registered 5.00 MiB"));
     CHECK(strstr(text, "11 sync copies made async") && strstr(text, "staging: 4 copies"));
     CHECK(strstr(text, "2 frees in forked children"));
     CHECK(strstr(text, "async_from_pageable; the shim: left pageable, staged"));
     CHECK(strstr(text, "sync_blocking; the shim: promoted"));
-    CHECK(strstr(text, "~1024 copies"));
+    const char *est = text;
+    while ((est = strchr(est, '~')) && !(est[1] >= '0' && est[1] <= '9'))
+        est++;
+    unsigned long long est_n = 0;
+    CHECKF(est && sscanf(est, "~%llu copies", &est_n) == 1 && est_n > SMALL_EXACT && est_n <= SMALL_N,
+           "report: the sampled site's count (%llu) marked ~ as an estimate", est_n);
     /* h2d: 4 copies, 132 MiB in 5.5 ms = 25.17 GB/s */
     char *h2d = strstr(text, "\nh2d ");
     unsigned long long count = 0;
     CHECK(h2d && sscanf(h2d, "\nh2d %llu", &count) == 1 && count == 4 && strstr(h2d, " 25.17\n"));
-    /* promoted share: 128 of 132.0977 MiB = 96.9% */
+    /* promoted share: 128 of 132 MiB + SMALL_N x 100 bytes */
     char *promoted = strstr(text, "\npromoted ");
-    CHECK(promoted && strstr(promoted, " 96.9%\n"));
+    snprintf(want, sizeof want, " %.1f%%\n", 100.0 * 128 / (132 + SMALL_N * 100.0 / (1 << 20)));
+    CHECKF(promoted && strstr(promoted, want), "report: promoted share%s", want);
     CHECK(strstr(text, ">= 64 B") && strstr(text, ">= 64.00 MiB"));
 
     stats_reset();
