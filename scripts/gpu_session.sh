@@ -47,7 +47,7 @@ done
 # Estimated seconds per stage and per benchmark group on the H200 machine, full and --quick
 # (docs/benchmarks.md says how they were reached).
 declare -A EST_FULL=(
-    [build]=60 [suite]=300
+    [build]=20 [suite]=300
     [malloc]=60 [heap]=45 [sweep]=70 [loop]=45 [latency]=80 [staging]=15 [train]=60 [drv]=15
     [two]=30 [torch]=90 [cupy]=30 [ab]=15 [model]=110 [safetensors]=60 [dataloader]=110
     [fresh]=80 [two_fresh]=45 [bounce]=60 [jax]=60
@@ -70,7 +70,14 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/pinshim-session.XXXXXX") || exit 2
 T0=$(date +%s)
 elapsed() { echo $(($(date +%s) - T0)); }
 left() { echo $((BUDGET - RESERVE - $(elapsed))); }
-est() { if [ "$QUICK" = 1 ]; then echo "${EST_QUICK[$1]:-30}"; else echo "${EST_FULL[$1]:-60}"; fi; }
+est() {
+    if [ "$QUICK" = 1 ]; then echo "${EST_QUICK[$1]:-30}"; return; fi
+    # The latency group's time is its pairs' (BENCH_LATENCY_REPS, 30 by default).
+    if [ "$1" = latency ] && [[ "${BENCH_LATENCY_REPS:-}" =~ ^[0-9]+$ ]]; then
+        echo $((5 + EST_FULL[latency] * BENCH_LATENCY_REPS / 30)); return
+    fi
+    echo "${EST_FULL[$1]:-60}"
+}
 
 REPORT=$WORK/session.txt
 STAGES=()   # "name|status|seconds|note"
