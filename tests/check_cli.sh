@@ -22,6 +22,9 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 SHIM=$BUILD/libpinshim.so
 DOORS=$BUILD/tests/fake/test_doors
 LOOP=$BUILD/bench/drv_train_loop
+# A run long enough that its later copies' call sites are sampled estimates (each thread's first
+# 256 copies of 1 MiB and more are attributed exactly): 1 MiB batches and results, 400 steps.
+LONG_ARGS=(--steps 400 --batch 1M --result 1M)
 WRAP=$ROOT/scripts/pinshim
 AB=$ROOT/scripts/pinshim-ab
 MERGE=$ROOT/scripts/pinshim-merge
@@ -135,14 +138,14 @@ runs "pinshim-ab --b-env PINSHIM_BUDGET=banana" 2 "$AB" --b-env PINSHIM_BUDGET=b
 keep=$WORK/keep
 # One run of the loop alone, for the per-run figures the A/B table must repeat.
 mkdir -p "$WORK/one"
-env PINSHIM_MODE=full PINSHIM_STATS="$WORK/one/s.json" LD_PRELOAD="$SHIM" "$LOOP" >/dev/null 2>&1
+env PINSHIM_MODE=full PINSHIM_STATS="$WORK/one/s.json" LD_PRELOAD="$SHIM" "$LOOP" "${LONG_ARGS[@]}" >/dev/null 2>&1
 mkdir -p "$WORK/fakebin"
 cat >"$WORK/fakebin/gnuplot" <<EOF
 #!/bin/sh
 cp "\$1" "$WORK/plot.gp"
 EOF
 chmod +x "$WORK/fakebin/gnuplot"
-if env PATH="$WORK/fakebin:$PATH" "$AB" -n 2 --warmup 0 -q --json --keep "$keep" --plot "$WORK/ab.png" -- "$LOOP" >"$WORK/ab.json" 2>"$WORK/ab.err"; then
+if env PATH="$WORK/fakebin:$PATH" "$AB" -n 2 --warmup 0 -q --json --keep "$keep" --plot "$WORK/ab.png" -- "$LOOP" "${LONG_ARGS[@]}" >"$WORK/ab.json" 2>"$WORK/ab.err"; then
     ok "pinshim-ab -n 2 --json --keep NEW --plot: exit 0"
 else
     bad "pinshim-ab --json" "$(cat "$WORK/ab.err")"
@@ -189,7 +192,7 @@ fi
 runs "pinshim-ab --keep a used directory" 2 "$AB" -n 1 --warmup 0 -q --keep "$keep" -- "$LOOP" &&
     { grep -q "not an empty directory" "$WORK/err" && ok "pinshim-ab --keep DIR used before: refused, exit 2" ||
       bad "pinshim-ab --keep used" "$(cat "$WORK/err")"; }
-if "$AB" -n 1 --warmup 0 -q -- "$LOOP" >"$WORK/ab.txt" 2>&1 && grep -qE '^drv_train_loop\+0x[0-9a-f]+ +~[0-9]+ ' "$WORK/ab.txt"; then
+if "$AB" -n 1 --warmup 0 -q -- "$LOOP" "${LONG_ARGS[@]}" >"$WORK/ab.txt" 2>&1 && grep -qE '^drv_train_loop\+0x[0-9a-f]+ +~[0-9]+ ' "$WORK/ab.txt"; then
     ok "pinshim-ab: a sampled call site's count is marked ~"
 else
     bad "pinshim-ab: no ~ on a sampled call site" "$(cat "$WORK/ab.txt")"

@@ -31,10 +31,13 @@ struct cost_decision cost_decide(const struct cost_inputs *in, const struct cost
     if (in->stageable) {
         /* Staging runs near the link's speed without touching the block's registration, so the
          * question is only whether the block will be copied again: a block none of whose bytes
-         * has been copied twice (a model's weights, a checkpoint, a fresh batch) is staged;
-         * once more than its size has moved, it is registered off the copy's path (its next
-         * copies staged until then) and every later copy runs at pinned speed. */
-        if (in->copies_seen >= 2 && in->bytes_moved > in->block_bytes)
+         * has been copied twice (a model's weights, a checkpoint, a fresh batch, a file read
+         * piece by piece) is staged; once more bytes have moved than the span its copies
+         * touched (some byte moved twice: a buffer copied again, whole or in part), it is
+         * registered off the copy's path (its next copies staged until then) and every later
+         * copy runs at pinned speed. */
+        size_t span = in->copied_span && in->copied_span < in->block_bytes ? in->copied_span : in->block_bytes;
+        if (in->copies_seen >= 2 && in->bytes_moved > span)
             return decided(COST_REGISTER_BACKGROUND, COST_REUSED, 0);
         return decided(COST_STAGE, COST_ONE_SHOT, 0);
     }

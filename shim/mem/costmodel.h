@@ -30,6 +30,9 @@ struct cost_inputs {
     int writable;                   /* the block's pages are writable */
     int read_only_register;         /* the device can register read-only memory */
     int stageable;                  /* the staging pipeline can take this copy now */
+    size_t copied_span;             /* bytes from the lowest to the highest address any of its
+                                     * copies touched, this one included: when bytes_moved
+                                     * exceeds it, some byte was copied twice */
 };
 
 enum cost_verdict {

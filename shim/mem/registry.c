@@ -61,6 +61,7 @@ struct block {
     /* hotness, for the cost model */
     uint64_t copies;
     uint64_t bytes_moved;
+    uintptr_t copied_lo, copied_hi;   /* the addresses its copies touched, lowest to highest */
     uint64_t last_use_ns;
     unsigned inflight;        /* copies holding its registration now */
     unsigned pageable_users;  /* copies using it as pageable while it is queued for registration */
@@ -522,6 +523,7 @@ static void cache_put(struct block *b)
     b->size = 0;
     b->copies = 0;
     b->bytes_moved = 0;
+    b->copied_lo = b->copied_hi = 0;
     b->last_use_ns = shim_now_ns();
     lru_insert(&cache_head, b);
     if (!cache_tail)
@@ -1009,6 +1011,23 @@ static struct cost_rates current_rates(void)
     };
 }
 
+/* A copy of [p, p + n) uses b: its hotness.  mu held. */
+static void note_use(struct block *b, uintptr_t p, size_t n)
+{
+    b->copies++;
+    b->bytes_moved += n;
+    b->last_use_ns = shim_now_ns();
+    if (b->copied_hi == b->copied_lo) {
+        b->copied_lo = p;
+        b->copied_hi = p + n;
+    } else {
+        if (p < b->copied_lo)
+            b->copied_lo = p;
+        if (p + n > b->copied_hi)
+            b->copied_hi = p + n;
+    }
+}
+
 /* A copy of n bytes in direction dir touches pageable block b: what the cost model says.
  * mu held. */
 static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, int stageable)
@@ -1029,7 +1048,7 @@ static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, in
         .resident_bytes = COST_RESIDENT_UNKNOWN, .copies_seen = b->copies,
         .budget = shim_cfg.budget, .bytes_moved = b->bytes_moved,
         .writable = (b->prot & PROT_WRITE) != 0, .read_only_register = read_only_supported,
-        .stageable = stageable,
+        .stageable = stageable, .copied_span = b->copied_hi - b->copied_lo,
     };
     struct cost_decision d = cost_decide(&in, &rates);
     if (d.verdict == COST_NEED_RESIDENCY) {
@@ -1067,9 +1086,7 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
     struct block *b = lookup(p, make);
     while (b && b->changing) {
         if (b->bg_registering && (flags & COPY_STAGEABLE)) {
-            b->copies++;
-            b->bytes_moved += n;
-            b->last_use_ns = shim_now_ns();
+            note_use(b, p, n);
             pthread_mutex_unlock(&mu);
             stats_add(STAT_STAGED_WHILE_REGISTERING, 1);
             hold->unsettled = 1;
@@ -1082,9 +1099,7 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
         pthread_mutex_unlock(&mu);
         return MEM_PAGEABLE;
     }
-    b->copies++;
-    b->bytes_moved += n;
-    b->last_use_ns = shim_now_ns();
+    note_use(b, p, n);
     if (b->state == BLOCK_PROMOTED && dir == DIR_D2H && (b->reg_flags & CU_MEMHOSTREGISTER_READ_ONLY)) {
         /* Registered read-only, now written by the device (its pages were made writable
          * behind the shim's back): the registration cannot take this copy. */

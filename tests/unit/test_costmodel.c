@@ -20,9 +20,12 @@ struct row {
 };
 
 /* IN(dir, copy, block, resident, copies so far, budget, bytes moved, writable, read-only
- * registration supported, stageable) */
+ * registration supported, stageable): copies that touched the whole block.  SPAN(..., span):
+ * copies that touched `span` bytes of it, lowest to highest. */
 #define IN(dir, copy, block, resident, copies, budget, moved, writable, ro, stageable) \
-    { dir, copy, block, resident, copies, budget, moved, writable, ro, stageable }
+    { dir, copy, block, resident, copies, budget, moved, writable, ro, stageable, block }
+#define SPAN(dir, copy, block, resident, copies, budget, moved, writable, ro, stageable, span) \
+    { dir, copy, block, resident, copies, budget, moved, writable, ro, stageable, span }
 
 static const struct row rows[] = {
     /* Copies too small to stage: registration against the driver's own pageable path.
@@ -44,7 +47,12 @@ static const struct row rows[] = {
     { "stageable, first copy into a fresh block", IN(DIR_D2H, 32 * M, 32 * M, 0, 1, 64 * G, 32 * M, 1, 0, 1), COST_STAGE, COST_ONE_SHOT },
     { "stageable, second copy of the whole block", IN(DIR_D2H, 32 * M, 32 * M, UNKNOWN, 2, 64 * G, 64 * M, 1, 0, 1), COST_REGISTER_BACKGROUND, COST_REUSED },
     { "stageable, H2D then D2H of a 256 MiB buffer", IN(DIR_D2H, 256 * M, 256 * M, UNKNOWN, 2, 64 * G, 512 * M, 1, 0, 1), COST_REGISTER_BACKGROUND, COST_REUSED },
-    /* A file mapping read piece by piece: many copies, every byte once. */
+    /* Part of a big buffer copied again and again (a bandwidth sweep, a ring's first slot):
+     * the same bytes move twice long before the block's size has moved. */
+    { "stageable, 2 MiB from the start of a 1 GiB block, second time", SPAN(DIR_H2D, 2 * M, G, UNKNOWN, 2, 64 * G, 4 * M, 1, 0, 1, 2 * M), COST_REGISTER_BACKGROUND, COST_REUSED },
+    { "stageable, 2 MiB pieces side by side, second piece", SPAN(DIR_H2D, 2 * M, G, UNKNOWN, 2, 64 * G, 4 * M, 1, 0, 1, 4 * M), COST_STAGE, COST_ONE_SHOT },
+    /* A file mapping read piece by piece, in or out of order: many copies, every byte once. */
+    { "stageable, pieces out of order, none twice", SPAN(DIR_H2D, 8 * M, 1536 * M, UNKNOWN, 50, 64 * G, 400 * M, 1, 0, 1, 1200 * M), COST_STAGE, COST_ONE_SHOT },
     { "stageable, 100th piece of a 1.5 GiB mapping", IN(DIR_H2D, 8 * M, 1536 * M, UNKNOWN, 100, 64 * G, 800 * M, 1, 0, 1), COST_STAGE, COST_ONE_SHOT },
     { "stageable, that mapping read again", IN(DIR_H2D, 8 * M, 1536 * M, UNKNOWN, 200, 64 * G, 1600 * M, 1, 0, 1), COST_REGISTER_BACKGROUND, COST_REUSED },
 
