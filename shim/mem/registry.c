@@ -1127,6 +1127,16 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
         if (v == COST_REGISTER_BACKGROUND && !bg_enqueue(b))
             v = COST_REGISTER;   /* no background thread: register on the copy's path */
     }
+    if (b->bg_queued && (flags & COPY_STAGEABLE)) {
+        /* Queued for a background registration: staging is right whether or not it lands
+         * during the copy, so the copy does not hold it off (a loop of copies holding the block
+         * one after the other kept the registrar waiting for a gap, the copies staged for up to
+         * a second).  If staging declines, the caller asks again and waits (unsettled). */
+        pthread_mutex_unlock(&mu);
+        stats_add(STAT_STAGED_WHILE_REGISTERING, 1);
+        hold->unsettled = 1;
+        return MEM_PAGEABLE;
+    }
     if (v != COST_REGISTER) {
         /* The call may take the driver's own path: no registration of the block may complete
          * while it runs, or the driver could find the memory pinned halfway (an async call

@@ -1,6 +1,8 @@
 /* Promotion: which host memory the shim registers, and that every copy stays correct.
  *   - a hot 8 MiB malloc buffer copied H2D several times is promoted (pin/full, default budget),
  *     never without the shim or in off/observe, never when the budget is smaller than the block;
+ *   - part of a big buffer copied back to back by two threads at once is registered within a few
+ *     copies (copies that stage do not keep its background registration waiting for a gap);
  *   - a fresh, untouched D2H destination copied once is not (registering would fault every page);
  *   - blocks smaller than PINSHIM_MIN_SIZE never are;
  *   - cuMemHostAlloc / cuMemAllocHost memory is the program's: never registered by the shim, and
@@ -10,15 +12,39 @@
  *     mprotect) work as H2D sources. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include "drvtest.h"
 #include "fakecuda.h"
 
 static unsigned long h2d, d2h, d2d;
+static CUcontext drvtest_ctx;
 
 #define HTOD(d, s, n) do { CU(cuMemcpyHtoD(d, s, n)); h2d++; } while (0)
 #define DTOH(d, s, n) do { CU(cuMemcpyDtoH(d, s, n)); d2h++; } while (0)
+
+/* RING_COPIES H2D copies of the first n bytes of a buffer, then one read back and checked. */
+#define RING_COPIES 150
+static unsigned long ring_copies;
+struct ring_job { unsigned char *src; size_t n; CUdeviceptr dev; int ok; };
+
+static void *ring_copier(void *arg)
+{
+    struct ring_job *j = arg;
+    CU(cuCtxSetCurrent(drvtest_ctx));
+    for (int i = 0; i < RING_COPIES; i++) {
+        CU(cuMemcpyHtoD(j->dev, j->src, j->n));
+        __atomic_add_fetch(&ring_copies, 1, __ATOMIC_RELAXED);
+    }
+    unsigned char *back = malloc(j->n);
+    if (back) {
+        CU(cuMemcpyDtoH(back, j->dev, j->n));
+        j->ok = check_pattern(back, j->n, 40);
+        free(back);
+    }
+    return NULL;
+}
 
 /* `times` rounds of: fill src with a fresh pattern, H2D, read back into check; 1 when every
  * round read back its own pattern.  Enough rounds to make a promotable source hot. */
@@ -38,7 +64,7 @@ static int hot_round_trips(CUdeviceptr dev, unsigned char *src, unsigned char *c
 
 int main(void)
 {
-    drvtest_init();
+    drvtest_ctx = drvtest_init();
     const size_t n = 8u << 20;
     const size_t budget = drvtest_budget();
     printf("mode=%s min_size=%zu budget=%zu\n", drvtest_mode(), drvtest_min_size(), budget);
@@ -68,6 +94,42 @@ int main(void)
     DTOH(fresh, dev, n);
     CHECKF(check_pattern(fresh, n, 15), "fresh D2H destination receives the data");
     CHECKF(!fakecuda_registered(fresh, n), "a fresh untouched D2H destination copied once is not promoted");
+
+    /* ---- part of a big buffer copied back to back by two threads (a ring's first slot) ---- */
+    {
+        const size_t ring_n = 64u << 20;
+        unsigned char *ring = malloc(ring_n);
+        CHECK(ring != NULL);
+        fill_pattern(ring, ring_n, 40);
+        struct ring_job jobs[2] = { { ring, n, 0, 0 }, { ring, n, 0, 0 } };
+        pthread_t t[2];
+        for (int k = 0; k < 2; k++) {
+            CU(cuMemAlloc(&jobs[k].dev, n));
+            CHECK(pthread_create(&t[k], NULL, ring_copier, &jobs[k]) == 0);
+        }
+        /* The copies of the two threads overlap: a copy that stages must not hold the block's
+         * background registration off, or it waits for a gap that never comes. */
+        unsigned long after = 0;
+        while (!after && __atomic_load_n(&ring_copies, __ATOMIC_RELAXED) < 2 * RING_COPIES) {
+            if (fakecuda_registered(ring, n))
+                after = __atomic_load_n(&ring_copies, __ATOMIC_RELAXED);
+            usleep(200);
+        }
+        for (int k = 0; k < 2; k++) {
+            pthread_join(t[k], NULL);
+            CHECKF(jobs[k].ok, "thread %d: the first 8 MiB of a 64 MiB buffer, copied back to back: data right", k);
+            cuMemFree(jobs[k].dev);
+        }
+        h2d += 2 * RING_COPIES;
+        d2h += 2;
+        printf("info: 8 MiB of a 64 MiB buffer copied back to back by 2 threads: registered after %lu copies\n", after);
+        if (drvtest_expect_promotion(ring_n))
+            CHECKF(after >= 1 && after <= 50,
+                   "copied again and again, the buffer is registered within 50 copies (after %lu)", after);
+        if (!drvtest_promotes() || (budget && budget < ring_n))
+            CHECKF(after == 0, "not registered where the shim may not promote it (after %lu)", after);
+        free(ring);
+    }
 
     /* ---- small blocks ---- */
     size_t small_n = drvtest_min_size() / 2;
