@@ -1002,6 +1002,17 @@ void stats_write_report(int fd) { write_with(fd, write_report); }
 
 /* ---- at exit ---- */
 
+/* The file written into fd (open, or -1 with errno set), then fd closed: 0 or the first errno. */
+static int write_and_close(int fd, void (*writer)(struct out *))
+{
+    if (fd < 0)
+        return errno;
+    int err = write_with(fd, writer);
+    if (close(fd) != 0 && !err)
+        err = errno;
+    return err;
+}
+
 /* Where the user points the file at something that is not a regular file (a FIFO, a terminal,
  * /dev/stdout), write into it as it is: replacing it with a regular file would break what the
  * name stands for (as root, /dev/stdout itself).  Non-blocking open: a FIFO nobody reads must
@@ -1009,15 +1020,12 @@ void stats_write_report(int fd) { write_with(fd, write_report); }
 static int write_into_special(const char *path, void (*writer)(struct out *))
 {
     int fd = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return errno;
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0)
-        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    int err = write_with(fd, writer);
-    if (close(fd) != 0 && !err)
-        err = errno;
-    return err;
+    if (fd >= 0) {
+        int fl = fcntl(fd, F_GETFL);
+        if (fl >= 0)
+            fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    }
+    return write_and_close(fd, writer);
 }
 
 /* A regular file (or a new one): written to a temporary file beside it and renamed, so a reader
@@ -1039,14 +1047,7 @@ static void write_file_atomically(const char *var, const char *tmpl, void (*writ
             target = real;
         else if (errno == ENOENT) {
             /* A link to a file not there yet: create it through the link, as a shell's `>` would. */
-            int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            if (fd < 0) {
-                err = errno;
-            } else {
-                err = write_with(fd, writer);
-                if (close(fd) != 0 && !err)
-                    err = errno;
-            }
+            err = write_and_close(open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), writer);
             goto done;
         }
     }
@@ -1058,17 +1059,12 @@ static void write_file_atomically(const char *var, const char *tmpl, void (*writ
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)   /* left by a dead process of this pid */
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) {
+    int opened = fd >= 0;
+    err = write_and_close(fd, writer);
+    if (opened && !err && rename(tmp, target) != 0)
         err = errno;
-    } else {
-        err = write_with(fd, writer);
-        if (close(fd) != 0 && !err)
-            err = errno;
-        if (!err && rename(tmp, target) != 0)
-            err = errno;
-        if (err)
-            unlink(tmp);
-    }
+    if (opened && err)
+        unlink(tmp);
 done:
     if (err)
         shim_log(LOG_WARN, "%s: cannot write %s: %s", var, path, strerror(err));
