@@ -132,7 +132,7 @@ static CUresult do_copy(const char *what, xfer *x, CUstream hs, int ptds, int as
     snapshot = src_host && (!op->src.pinned || force_snapshot);
     if (snapshot) {
         size_t n = x->w * x->h * x->d;
-        op->staged = fk_malloc(n);
+        op->staged = fk_staged_alloc(n);
         if (!op->staged) { r = CUDA_ERROR_OUT_OF_MEMORY; fk_op_release_regs(op); goto out; }
         copy_rows(op->staged, x->w, x->w * x->h, op->src.addr, op->src.pitch, op->src.slice, x->w, x->h, x->d);
         if (op->src.reg) { op->src.reg->inflight--; op->src.reg = NULL; }

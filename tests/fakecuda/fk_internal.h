@@ -84,6 +84,13 @@ void fk_sleep_us(unsigned us);
 typedef struct CUstream_st fk_stream;
 typedef struct CUctx_st fk_ctx;
 typedef struct CUevent_st fk_event;
+/* Snapshots of pageable sources come straight from the kernel, as a driver's own staging
+ * memory would, never from the C library's heap: the C library holds its arena lock while it
+ * maps a large block, and a signal handler that allocates on the same thread (as sampling
+ * profilers do) would then wait for it forever, shim or not. */
+void *fk_staged_alloc(size_t n);
+void fk_staged_free(void *p);
+
 typedef struct fk_op fk_op;
 typedef struct fk_capture fk_capture;
 typedef struct fk_hreg fk_hreg;

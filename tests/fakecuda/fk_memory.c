@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 /* ---- device memory: opaque addresses from a PROT_NONE reservation (a host dereference
@@ -694,4 +695,26 @@ FK_PUBLIC void *fakecuda_driver_mmap(size_t n)
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     __asm__ volatile("" : "+r"(p));
     return p == MAP_FAILED ? NULL : p;
+}
+
+/* ---- snapshots of pageable sources (see fk_internal.h) ---- */
+
+#define FK_STAGED_HDR 64   /* the mapping's length, kept in front of the snapshot */
+
+void *fk_staged_alloc(size_t n)
+{
+    size_t len = n + FK_STAGED_HDR;
+    void *m = (void *)syscall(SYS_mmap, NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    *(size_t *)m = len;
+    return (char *)m + FK_STAGED_HDR;
+}
+
+void fk_staged_free(void *p)
+{
+    if (!p)
+        return;
+    char *m = (char *)p - FK_STAGED_HDR;
+    syscall(SYS_munmap, m, *(size_t *)m);
 }

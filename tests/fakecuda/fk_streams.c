@@ -36,7 +36,7 @@ void fk_op_free(fk_op *op)
 {
     if (!op) return;
     fk_free(op->deps);
-    fk_free(op->staged);
+    fk_staged_free(op->staged);
     fk_free(op);
 }
 
@@ -53,7 +53,7 @@ static fk_op *op_clone(const fk_op *t)
     op->src.reg = op->dst.reg = NULL;
     if (t->staged) {
         size_t n = t->w * t->h * t->d;
-        op->staged = fk_malloc(n ? n : 1);
+        op->staged = fk_staged_alloc(n ? n : 1);
         if (!op->staged) fk_fatal("out of memory");
         memcpy(op->staged, t->staged, n);
         op->src.addr = op->staged;
