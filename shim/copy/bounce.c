@@ -27,7 +27,9 @@ size_t bounce_threshold = SIZE_MAX;
 void bounce_init(void)
 {
     size_t t = SIZE_MAX;
-    if (shim_cfg.mode != MODE_OFF && shim_cfg.bounce != BOUNCE_OFF)
+    /* Mode full only, like staging: observe changes nothing (an A/B against it must see the C
+     * library's copies), pin only registers. */
+    if (shim_cfg.mode == MODE_FULL && shim_cfg.bounce != BOUNCE_OFF)
         t = (size_t)shim_cfg.bounce_min;
     __atomic_store_n(&bounce_threshold, t, __ATOMIC_RELEASE);
 }

@@ -9,7 +9,8 @@
  *   - several threads copying at once;
  *   - a copy racing fork (the child copies too: no threads may start there);
  *   - a memcpy from a signal handler that interrupts large copies.
- * Every result is compared with a byte loop's. */
+ * Every result is compared with a byte loop's.  The calls are shared in mode full only, and not
+ * with PINSHIM_BOUNCE=off (EXPECTED_BOUNCE, read by run_all.sh and check_bounce_off.sh). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -256,6 +257,11 @@ int main(void)
 {
     ctx = drvtest_init();
     printf("mode=%s\n", drvtest_mode());
+    /* Whether the shim shares large copies here: mode full, PINSHIM_BOUNCE not off (run_all.sh
+     * checks the stats' bounce count against it: observe and pin leave every call to libc). */
+    const char *bounce = getenv("PINSHIM_BOUNCE");
+    int shares = strcmp(drvtest_mode(), "full") == 0 && !(bounce && strcmp(bounce, "off") == 0);
+    printf("EXPECTED_BOUNCE shared=%d\n", shares);
     CU(cuMemHostAlloc((void **)&pinned, MAXN, 0));
     pageable = malloc(MAXN);
     expect = malloc(MAXN);
