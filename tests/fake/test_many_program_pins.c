@@ -17,6 +17,15 @@
 #include "drvtest.h"
 #include "fakecuda.h"
 
+/* Under a sanitizer the allocator maps regions of its own as the program and the fake driver
+ * allocate (and the shim is not preloaded there): the process's mapping count then says nothing
+ * about the shim, and is not checked. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MAPPINGS_COUNT 0
+#else
+#define MAPPINGS_COUNT 1
+#endif
+
 #define RANGES 5000
 #define RANGE_BYTES 8192
 #define KEEP 3
@@ -76,8 +85,9 @@ int main(void)
     CHECKF(registered == RANGES, "%d of %d program registrations succeeded", registered, RANGES);
     int during = count_mappings();
     /* The shim's array of 5,000 ranges is one mapping (or none, merged with a neighbour). */
-    CHECKF(during - before <= 4, "registering added %d mappings (%d -> %d), at most 4", during - before,
-           before, during);
+    if (MAPPINGS_COUNT)
+        CHECKF(during - before <= 4, "registering added %d mappings (%d -> %d), at most 4", during - before,
+               before, during);
 
     int copies_ok = 1;
     for (int k = 0; k < 4; k++) {
@@ -105,8 +115,9 @@ int main(void)
             free(range[i]);
     }
     int after = count_mappings();
-    CHECKF(after - mid <= 2, "unregistering and freeing added %d mappings (%d -> %d), at most 2",
-           after - mid, mid, after);
+    if (MAPPINGS_COUNT)
+        CHECKF(after - mid <= 2, "unregistering and freeing added %d mappings (%d -> %d), at most 2",
+               after - mid, mid, after);
 
     CU(cuCtxSynchronize());
     CU(cuMemFree(dev));
