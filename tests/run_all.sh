@@ -57,6 +57,7 @@ VARIANTS=(
 # entry point (EXPECTED_ENTRIES, every mode: the doors count what the program called), and what
 # the registry tracks at exit (EXPECTED_TRACKING, every mode: keys of the "tracking" object),
 # whether large memcpy calls were shared (EXPECTED_BOUNCE shared=0|1: the stats' bounce count),
+# the stacks walked for call sites (EXPECTED_WALKS max=N: call_site_walks at most N),
 # and the call sites (EXPECTED_SITE exact|sampled size=S copies=N bytes=B, every mode: the site
 # whose copies are of size S; exact: those numbers, not marked sampled; sampled: marked, count
 # and bytes within a third of the truth).
@@ -69,6 +70,9 @@ for line in open(log, errors="replace"):
     m = re.match(r"EXPECTED_(COPIES|ENTRIES|TRACKING) (.*)", line)
     if m:
         want[m.group(1)] = {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}
+    m = re.match(r"EXPECTED_WALKS max=([0-9]+)", line)
+    if m:
+        want["WALKS"] = int(m.group(1))
     m = re.match(r"EXPECTED_BOUNCE shared=([01])", line)
     if m:
         want["BOUNCE"] = int(m.group(1))
@@ -92,6 +96,9 @@ bad += [f"tracking {k}: expected {v}, reported {got.get(k)}"
 if "BOUNCE" in want and (stats["bounce"]["count"] > 0) != bool(want["BOUNCE"]):
     bad.append(f"bounce copies: {stats['bounce']['count']} shared, expected "
                + ("some" if want["BOUNCE"] else "none (every call to the C library)"))
+if "WALKS" in want and stats.get("call_site_walks", 0) > want["WALKS"]:
+    bad.append(f"{stats.get('call_site_walks')} stacks walked, expected at most {want['WALKS']} "
+               "(a chain already walked is found in the thread's memo)")
 sites = [c for c in stats.get("call_sites", []) if c["count"]]
 for w in want.get("SITES", []):
     near = [c for c in sites if abs(c["bytes"] / c["count"] - w["size"]) <= 0.1 * w["size"]]

@@ -37,6 +37,7 @@
 #define MAX_WORKERS 63           /* PINSHIM_COPY_THREADS <= 64, the caller is one of them */
 #define AUTO_THREADS_MAX 16      /* "auto": the GPU's local CPUs, at most this many */
 #define WORKER_SPIN_NS 50000ull
+#define OWNER_SPIN_NS 100000ull  /* the caller waits for its job's last slices this long awake */
 #define SLICE_MIN (64u << 10)
 
 struct copy_job {
@@ -177,7 +178,8 @@ static long take_slice(struct copy_job **out)
  * nobody touches it after this. */
 static void slice_done(struct copy_job *j)
 {
-    if (++j->done == j->nslices)
+    /* Atomic: the owner watches it unlocked (cpupool_copy). */
+    if (__atomic_add_fetch(&j->done, 1, __ATOMIC_RELEASE) == j->nslices)
         pthread_cond_broadcast(&pool.done_cv);
 }
 
@@ -377,6 +379,20 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
         run_slice(&job, i);
         pthread_mutex_lock(&pool.mu);
         slice_done(&job);
+    }
+    /* The last slices are a few microseconds away: watch for them before sleeping, since a
+     * sleeping caller is woken late (tens of microseconds on a virtual machine), once per
+     * piece of a pipeline.  The lock is taken again before returning either way: the worker
+     * that finished the last slice may still be in slice_done, reading the job. */
+    if (job.done < job.nslices) {
+        pthread_mutex_unlock(&pool.mu);
+        uint64_t t0 = shim_now_ns();
+        for (unsigned k = 0; __atomic_load_n(&job.done, __ATOMIC_ACQUIRE) < job.nslices; k++) {
+            if ((k & 63) == 63 && shim_now_ns() - t0 > OWNER_SPIN_NS)
+                break;
+            cpu_relax();
+        }
+        pthread_mutex_lock(&pool.mu);
     }
     while (job.done < job.nslices)
         pthread_cond_wait(&pool.done_cv, &pool.mu);

@@ -11,11 +11,13 @@
 #include "base/os.h"
 #include "base/hooks.h"
 #include "base/log.h"
+#include "base/real.h"
 #include "base/shim.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <execinfo.h>
+#include <unwind.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
@@ -47,12 +49,29 @@ static const char *const kind_actions[MEM_KIND_COUNT] = {
 
 /* The per-copy counters of one thread.  Only the owner writes them (load, add, store: no lock
  * prefix); a reader may see a count a copy or two behind, never a torn value. */
+#define SITE_KEY_FRAMES 3      /* a site is its first 3 return addresses outside shim and driver */
+#define SITE_WALK_FRAMES 16    /* enough for the shim's and the runtime's frames plus the key */
+#define SITE_MEMO_ENTRIES 4
+
+/* A call chain a thread walked, remembered so that its next copies from the same place need no
+ * walk (see site_memo_find). */
+struct site_memo {
+    uintptr_t anchor;                      /* stats_record_site's frame then; 0: empty */
+    unsigned nslots;
+    uint32_t slot_off[SITE_WALK_FRAMES];   /* where each return address lay, above the anchor */
+    uintptr_t ra[SITE_WALK_FRAMES];        /* and what it was */
+    void *key[SITE_KEY_FRAMES];
+};
+
 struct stats_shard {
     struct dir_totals dir[DIR_COUNT];
     struct dir_totals kind[MEM_KIND_COUNT];
     struct dir_totals hist[STATS_HIST_BUCKETS];
     uint64_t entry_calls[HOOK_COUNT];
     struct stats_shard *next;   /* in live_shards or free_shards */
+    /* The thread's own, never summed: */
+    struct site_memo memo[SITE_MEMO_ENTRIES];
+    unsigned memo_next;
 };
 /* Shards live in the shim's own mappings, never in a thread's TLS or stack: a reader can never
  * find one unmapped, and the shim's static TLS stays a few words (its initial-exec TLS must
@@ -99,6 +118,8 @@ static void retire_shard(void *arg)
         add_relaxed(&to[i], load_relaxed(&from[i]));
         __atomic_store_n(&from[i], 0, __ATOMIC_RELAXED);
     }
+    memset(sh->memo, 0, sizeof sh->memo);   /* the next thread's stack is not this one's */
+    sh->memo_next = 0;
     sh->next = free_shards;
     free_shards = sh;
     pthread_mutex_unlock(&shards_lock);
@@ -328,8 +349,6 @@ struct dir_totals stats_kind(enum mem_kind k)
 
 /* ---- call sites ---- */
 
-#define SITE_KEY_FRAMES 3      /* a site is its first 3 return addresses outside shim and driver */
-#define SITE_WALK_FRAMES 16    /* enough for the shim's and the runtime's frames plus the key */
 #define SITE_MAX 4096          /* distinct sites kept; bounds the memory the table can take */
 #define SITE_TOP_JSON 20
 #define SITE_TOP_REPORT 10
@@ -354,6 +373,7 @@ static pthread_mutex_t sites_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct call_site *sites;
 static uint64_t site_count;
 static uint64_t site_copies_dropped;   /* copies of sites beyond SITE_MAX */
+static uint64_t site_walks;            /* stacks walked (the rest of the sites came from memos) */
 
 /* Which return addresses to walk past: the shim's own object (when it is a separate library) and
  * the CUDA driver and runtime.  dladdr costs a lookup under the loader lock, so each answer is
@@ -361,11 +381,29 @@ static uint64_t site_copies_dropped;   /* copies of sites beyond SITE_MAX */
  * loaded at the same address could get a stale answer; that only misnames a site. */
 #define SKIP_CACHE_BITS 10
 static uint64_t skip_cache[1u << SKIP_CACHE_BITS];
+/* libgcc_s's unwinder (see site_key); NULL: glibc's backtrace, every copy walked. */
+typedef _Unwind_Reason_Code (*uw_backtrace_fn)(_Unwind_Trace_Fn, void *);
+typedef _Unwind_Ptr (*uw_get_ip_fn)(struct _Unwind_Context *);
+typedef _Unwind_Word (*uw_get_cfa_fn)(struct _Unwind_Context *);
+static uw_backtrace_fn uw_backtrace;
+static uw_get_ip_fn uw_get_ip;
+static uw_get_cfa_fn uw_get_cfa;
 static uintptr_t shim_object_base;   /* 0 when the shim is linked into the program (unit tests) */
 static pthread_once_t shim_object_once = PTHREAD_ONCE_INIT;
 
 static void find_shim_object(void)
 {
+    /* The unwinder glibc's backtrace uses, for the frames' addresses as well as their code. */
+    real_libc_resolve();
+    void *gcc_s = libc.dlsym ? dlopen("libgcc_s.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (gcc_s) {
+        /* The C library's dlsym: the shim's own export is the program's door. */
+        uw_get_ip = (uw_get_ip_fn)libc.dlsym(gcc_s, "_Unwind_GetIP");
+        uw_get_cfa = (uw_get_cfa_fn)libc.dlsym(gcc_s, "_Unwind_GetCFA");
+        uw_backtrace_fn bt = (uw_backtrace_fn)libc.dlsym(gcc_s, "_Unwind_Backtrace");
+        if (uw_get_ip && uw_get_cfa)
+            uw_backtrace = bt;
+    }
     Dl_info self, exe;
     if (!dladdr((void *)&stats_record_site, &self))
         return;
@@ -418,6 +456,116 @@ static uint64_t site_sample_gap(struct site_sampler *sp, uint64_t period)
     return period / 2 + sp->rng % period;
 }
 
+/* ---- walking the stack ----
+ * A walk costs microseconds (the unwinder interprets each frame's CFI), tens of them once a
+ * program has evicted the caches between copies: on a loop of 1 MiB copies, a third of the
+ * copy's time.  So each thread remembers the chains it walked: where every return address lay
+ * on its stack, relative to stats_record_site's frame, and what it was.  A later copy whose
+ * frame is at the same place and whose stack holds the same return addresses in those slots
+ * comes from the same place: by induction up the chain, each frame's slot was found from the
+ * frame below it, whose size its code fixes (a frame of variable size, alloca's, could in
+ * principle leave an old return address in a slot that is no longer one: the cost would be a
+ * copy credited to the site it made before, never anything but the statistics).  x86-64 only,
+ * where a return address lies just below its frame's CFA; elsewhere every copy walks. */
+
+#define WALK_MAX (SITE_WALK_FRAMES + 4)   /* the walker's own frames come first */
+struct walk {
+    int n;
+    uintptr_t ip[WALK_MAX], cfa[WALK_MAX];
+};
+
+static _Unwind_Reason_Code walk_frame(struct _Unwind_Context *ctx, void *arg)
+{
+    struct walk *w = arg;
+    if (w->n >= WALK_MAX)
+        return _URC_END_OF_STACK;
+    w->ip[w->n] = (uintptr_t)uw_get_ip(ctx);
+    w->cfa[w->n] = (uintptr_t)uw_get_cfa(ctx);
+    w->n++;
+    return _URC_NO_REASON;
+}
+
+static int site_memo_find(struct stats_shard *sh, uintptr_t anchor, void **key)
+{
+    for (unsigned e = 0; e < SITE_MEMO_ENTRIES; e++) {
+        const struct site_memo *m = &sh->memo[e];
+        if (m->anchor != anchor)
+            continue;
+        unsigned i = 0;
+        while (i < m->nslots && *(const uintptr_t *)(anchor + m->slot_off[i]) == m->ra[i])
+            i++;
+        if (i == m->nslots) {
+            memcpy(key, m->key, sizeof m->key);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Remember frames [first, last] of walk w, which gave key, if every return address lies where
+ * x86-64 puts it (not so across a signal frame, for one). */
+static void site_memo_put(struct stats_shard *sh, uintptr_t anchor, const struct walk *w,
+                          int first, int last, void *const *key)
+{
+#if defined(__x86_64__)
+    if (sh == &retired || last - first + 1 > SITE_WALK_FRAMES)
+        return;
+    struct site_memo *m = &sh->memo[sh->memo_next++ % SITE_MEMO_ENTRIES];
+    m->anchor = 0;
+    for (int i = first; i <= last; i++) {
+        uintptr_t slot = w->cfa[i] - sizeof(uintptr_t);
+        if (slot <= anchor || slot - anchor > UINT32_MAX || *(const uintptr_t *)slot != w->ip[i])
+            return;
+        m->slot_off[i - first] = (uint32_t)(slot - anchor);
+        m->ra[i - first] = w->ip[i];
+    }
+    m->nslots = (unsigned)(last - first + 1);
+    memcpy(m->key, key, sizeof m->key);
+    m->anchor = anchor;
+#else
+    (void)sh, (void)anchor, (void)w, (void)first, (void)last, (void)key;
+#endif
+}
+
+/* The key of the copy being recorded: caller is stats_record_site's return address, anchor its
+ * frame address. */
+static __attribute__((noinline)) void site_key(void **key, void *caller, uintptr_t anchor)
+{
+    struct stats_shard *sh = shard();
+    if (sh != &retired && site_memo_find(sh, anchor, key))
+        return;
+    struct walk w = { .n = 0 };
+    add_relaxed(&site_walks, 1);
+    if (uw_backtrace) {
+        uw_backtrace(walk_frame, &w);
+    } else {
+        void *frames[WALK_MAX];
+        w.n = backtrace(frames, WALK_MAX);
+        for (int i = 0; i < w.n; i++)
+            w.ip[i] = (uintptr_t)frames[i];
+    }
+    /* Start at our caller's frame: frames before it are the walker's own and whatever wraps it
+     * (a sanitizer's interceptor, for one). */
+    int first = -1;
+    for (int i = 0; i < w.n; i++) {
+        if (w.ip[i] == (uintptr_t)caller) {
+            first = i;
+            break;
+        }
+    }
+    if (first < 0)
+        first = w.n > 2 ? 2 : w.n;
+    int k = 0, last = -1;
+    for (int i = first; i < w.n && i < first + SITE_WALK_FRAMES && k < SITE_KEY_FRAMES; i++) {
+        last = i;
+        if (k == 0 && frame_is_skipped((void *)w.ip[i]))
+            continue;
+        key[k++] = (void *)w.ip[i];
+    }
+    if (uw_backtrace && k > 0)
+        site_memo_put(sh, anchor, &w, first, last, key);
+}
+
 __attribute__((noinline)) void stats_record_site(const struct copy_record *r)
 {
     /* A stack walk costs microseconds: below PINSHIM_CALLSITE_MIN, exact for each thread's
@@ -454,25 +602,9 @@ __attribute__((noinline)) void stats_record_site(const struct copy_record *r)
 
     /* Walk and classify outside the table lock: dladdr and the unwinder take the loader lock,
      * which a thread inside dlopen could hold while it copies and waits for our lock. */
-    void *frames[SITE_WALK_FRAMES];
-    int n = backtrace(frames, SITE_WALK_FRAMES);
-    /* Start at our caller: frames before it are this function and whatever wraps backtrace
-     * (a sanitizer's interceptor, for one). */
-    void *caller = __builtin_extract_return_addr(__builtin_return_address(0));
-    int first = 1;
-    for (int i = 0; i < n; i++) {
-        if (frames[i] == caller) {
-            first = i;
-            break;
-        }
-    }
     void *key[SITE_KEY_FRAMES] = { 0 };
-    int k = 0;
-    for (int i = first; i < n && k < SITE_KEY_FRAMES; i++) {
-        if (k == 0 && frame_is_skipped(frames[i]))
-            continue;
-        key[k++] = frames[i];
-    }
+    site_key(key, __builtin_extract_return_addr(__builtin_return_address(0)),
+             (uintptr_t)__builtin_frame_address(0));
 
     unsigned raised = 0;
     if (r->is_async && (r->kind == MEM_PAGEABLE || r->kind == MEM_STAGED || r->kind == MEM_PROMOTED))
@@ -817,9 +949,11 @@ static void write_json(struct out *o)
     uint64_t distinct, dropped;
     size_t n = top_sites(top, SITE_TOP_JSON, &distinct, &dropped);
     out_fmt(o, "],\n\"call_sites_total\":%llu,\"call_site_copies_dropped\":%llu,"
+               "\"call_site_walks\":%llu,"
                "\"call_site_exact_first\":%d,\"call_site_exact_first_small\":%d,"
                "\"call_site_sample_bytes\":%u,\"call_site_sample_bytes_small\":%u,\n\"call_sites\":[",
-            (unsigned long long)distinct, (unsigned long long)dropped, STATS_SITE_EXACT_FIRST,
+            (unsigned long long)distinct, (unsigned long long)dropped,
+            (unsigned long long)load_relaxed(&site_walks), STATS_SITE_EXACT_FIRST,
             STATS_SITE_EXACT_FIRST_SMALL, STATS_SITE_SAMPLE_BYTES, STATS_SITE_SAMPLE_BYTES_SMALL);
     for (size_t i = 0; i < n; i++) {
         json_site(o, &top[i], i == 0);
