@@ -110,6 +110,9 @@ $(FAKE_LIB): $(FAKE_SRCS) $(FAKE_HDRS)
 SEAM_SRCS := $(shell grep -l 'PINSHIM_TEST_SEAMS' $(LOGIC_SRCS))
 SEAM_OBJS := $(SEAM_SRCS:shim/%.c=$(BUILD)/obj-seams/%.o)
 UNIT_OBJS := $(filter-out $(SEAM_SRCS:shim/%.c=$(BUILD)/obj/%.o),$(LOGIC_OBJS)) $(SEAM_OBJS)
+# Made only by a pattern rule, make would delete them as intermediates and relink every unit
+# test on the next make.
+.SECONDARY: $(SEAM_OBJS)
 
 $(BUILD)/obj-seams/%.o: shim/%.c $(SHIM_HDRS)
 	@mkdir -p $(dir $@)

@@ -25,6 +25,7 @@
 #                       jax heap (docs/benchmarks.md lists what each runs and how long it takes)
 #   BENCH_DL_REPS=5     interleaved repetitions of the DataLoader-with-workers benchmark
 #   BENCH_FRESH_REPS=2  A/B pairs of the fresh-buffer loop (each run is 600 copies and memsets)
+#   HEAP_REPS=3         runs of the heap loops on each side, alternating (run_malloc_bench.sh)
 #   BENCH_TMP=dir       where the safetensors benchmark writes its 1.5 GiB file (default
 #                       ${TMPDIR:-/tmp}); the file is removed afterwards
 #   BENCH_QUICK=1       small sizes and few repetitions: a smoke run, not a measurement

@@ -380,9 +380,23 @@ HEAP_TESTS = (("churn", "one live block per thread"),
 
 
 def heap_by_key(records):
-    """{(test, size, threads): record} of bench=heap churn/working_set records."""
-    return {(r["test"], r["size"], r["threads"]): r for r in records
-            if r.get("bench") == "heap" and r.get("test") in dict(HEAP_TESTS)}
+    """{(test, size, threads): record} of bench=heap churn/working_set records; a cell measured
+    in several runs (run_malloc_bench.sh's HEAP_REPS) gets the median of each figure."""
+    runs = {}
+    for r in records:
+        if r.get("bench") == "heap" and r.get("test") in dict(HEAP_TESTS):
+            runs.setdefault((r["test"], r["size"], r["threads"]), []).append(r)
+    out = {}
+    for key, rs in runs.items():
+        cell = dict(rs[-1])
+        for field in ("ns_per_pair", "faults_per_pair"):
+            vals = sorted(float(x[field]) for x in rs if field in x)
+            if vals:
+                mid = len(vals) // 2
+                cell[field] = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+        cell["runs"] = len(rs)
+        out[key] = cell
+    return out
 
 
 def fault_allowance(plain):
@@ -400,8 +414,10 @@ def heap_report(plain_recs, shim_recs, checks):
         sizes = sorted({k[1] for k in a if k[0] == test})
         if not sizes:
             continue
+        nruns = min((c.get("runs", 1) for c in list(a.values()) + list(b.values())), default=1)
         out.append(f"malloc + touch every page + free, {what}: ns per pair per thread "
-                   "(glibc / with shim = ratio) and page faults per pair (glibc / with shim)")
+                   "(glibc / with shim = ratio) and page faults per pair (glibc / with shim)"
+                   + (f"; each figure the median of {nruns} runs of each side, alternating" if nruns > 1 else ""))
         out.append("")
         hdr = ["size"]
         for t in threads:

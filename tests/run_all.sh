@@ -177,7 +177,7 @@ done
 
 echo "== CPU microbenchmark (figures only, nothing asserted)"
 if [ -x bench/run_malloc_bench.sh ]; then
-    bench/run_malloc_bench.sh "$BUILD" 2>&1 | sed 's/^/    /' || true
+    HEAP_REPS=1 bench/run_malloc_bench.sh "$BUILD" 2>&1 | sed 's/^/    /' || true
 fi
 
 echo "== GPU suite"
