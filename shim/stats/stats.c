@@ -536,6 +536,7 @@ static void site_memo_put(struct stats_shard *sh, uintptr_t anchor, const struct
         return;
     struct site_memo *m = &sh->memo[sh->memo_next++ % SITE_MEMO_ENTRIES];
     m->anchor = 0;
+    m->top = 0;
     for (int i = first; i <= last; i++) {
         uintptr_t slot = w->cfa[i] - sizeof(uintptr_t);
         if (slot <= anchor || slot + sizeof(uintptr_t) > sh->stack_hi || slot - anchor > UINT32_MAX ||
@@ -543,7 +544,8 @@ static void site_memo_put(struct stats_shard *sh, uintptr_t anchor, const struct
             return;
         m->slot_off[i - first] = (uint32_t)(slot - anchor);
         m->ra[i - first] = w->ip[i];
-        m->top = slot + sizeof(uintptr_t);
+        if (slot + sizeof(uintptr_t) > m->top)
+            m->top = slot + sizeof(uintptr_t);
     }
     m->nslots = (unsigned)(last - first + 1);
     memcpy(m->key, key, sizeof m->key);
