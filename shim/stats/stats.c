@@ -57,7 +57,6 @@ static const char *const kind_actions[MEM_KIND_COUNT] = {
  * walk (see site_memo_find). */
 struct site_memo {
     uintptr_t anchor;                      /* stats_record_site's frame then; 0: empty */
-    uintptr_t top;                         /* the highest slot's end */
     unsigned nslots;
     uint32_t slot_off[SITE_WALK_FRAMES];   /* where each return address lay, above the anchor */
     uintptr_t ra[SITE_WALK_FRAMES];        /* and what it was */
@@ -73,7 +72,6 @@ struct stats_shard {
     /* The thread's own, never summed: */
     struct site_memo memo[SITE_MEMO_ENTRIES];
     unsigned memo_next;
-    uintptr_t stack_lo, stack_hi;   /* the thread's stack, once asked; the memo reads only in it */
 };
 /* Shards live in the shim's own mappings, never in a thread's TLS or stack: a reader can never
  * find one unmapped, and the shim's static TLS stays a few words (its initial-exec TLS must
@@ -122,7 +120,6 @@ static void retire_shard(void *arg)
     }
     memset(sh->memo, 0, sizeof sh->memo);   /* the next thread's stack is not this one's */
     sh->memo_next = 0;
-    sh->stack_lo = sh->stack_hi = 0;
     sh->next = free_shards;
     free_shards = sh;
     pthread_mutex_unlock(&shards_lock);
@@ -469,9 +466,14 @@ static uint64_t site_sample_gap(struct site_sampler *sp, uint64_t period)
  * frame below it, whose size its code fixes (a frame of variable size, alloca's, could in
  * principle leave an old return address in a slot that is no longer one: the cost would be a
  * copy credited to the site it made before, never anything but the statistics).  x86-64 only,
- * where a return address lies just below its frame's CFA; elsewhere every copy walks.  Memos
- * are read only within the thread's own stack (pthread_getattr_np's bounds), so a read can
- * never leave mapped memory. */
+ * where a return address lies just below its frame's CFA; elsewhere every copy walks.
+ * The reads stay in mapped memory: a slot is read only once the slot below it held the same
+ * return address, so by the same induction it is the return-address slot of a live frame of this
+ * stack (a system call per read to make sure, process_vm_readv, cost as much as the walk itself;
+ * asking the stack's bounds, pthread_getattr_np, allocates, and a signal handler of the program
+ * that calls malloc then deadlocked the hostile test).  The one way out of the stack would need a
+ * frame of variable size in the chain and, at the same address as the remembered one, a
+ * different and shorter stack (a coroutine's, freed and made again). */
 
 #define WALK_MAX (SITE_WALK_FRAMES + 4)   /* the walker's own frames come first */
 struct walk {
@@ -492,14 +494,11 @@ static _Unwind_Reason_Code walk_frame(struct _Unwind_Context *ctx, void *arg)
 
 static int site_memo_find(struct stats_shard *sh, uintptr_t anchor, void **key)
 {
-    /* Only on the thread's own stack, which is mapped from any live frame up to its top (a
-     * coroutine's stack elsewhere, whose end is unknown, is always walked). */
-    if (anchor < sh->stack_lo || anchor >= sh->stack_hi)
-        return 0;
     for (unsigned e = 0; e < SITE_MEMO_ENTRIES; e++) {
         const struct site_memo *m = &sh->memo[e];
-        if (m->anchor != anchor || m->top > sh->stack_hi)
+        if (m->anchor != anchor)
             continue;
+        /* In order, each slot read only once the one below it matched (see above). */
         unsigned i = 0;
         while (i < m->nslots && *(const uintptr_t *)(anchor + m->slot_off[i]) == m->ra[i])
             i++;
@@ -519,33 +518,15 @@ static void site_memo_put(struct stats_shard *sh, uintptr_t anchor, const struct
 #if defined(__x86_64__)
     if (sh == &retired || last - first + 1 > SITE_WALK_FRAMES)
         return;
-    if (!sh->stack_hi) {
-        /* Once per thread (the main thread's answer reads /proc, allocating). */
-        pthread_attr_t attr;
-        void *lo;
-        size_t len;
-        if (pthread_getattr_np(pthread_self(), &attr) != 0)
-            return;
-        if (pthread_attr_getstack(&attr, &lo, &len) == 0) {
-            sh->stack_lo = (uintptr_t)lo;
-            sh->stack_hi = (uintptr_t)lo + len;
-        }
-        pthread_attr_destroy(&attr);
-    }
-    if (anchor < sh->stack_lo || anchor >= sh->stack_hi)
-        return;
     struct site_memo *m = &sh->memo[sh->memo_next++ % SITE_MEMO_ENTRIES];
     m->anchor = 0;
-    m->top = 0;
     for (int i = first; i <= last; i++) {
+        /* The slots were just read by the unwinder: they are mapped now. */
         uintptr_t slot = w->cfa[i] - sizeof(uintptr_t);
-        if (slot <= anchor || slot + sizeof(uintptr_t) > sh->stack_hi || slot - anchor > UINT32_MAX ||
-            *(const uintptr_t *)slot != w->ip[i])
+        if (slot <= anchor || slot - anchor > UINT32_MAX || *(const uintptr_t *)slot != w->ip[i])
             return;
         m->slot_off[i - first] = (uint32_t)(slot - anchor);
         m->ra[i - first] = w->ip[i];
-        if (slot + sizeof(uintptr_t) > m->top)
-            m->top = slot + sizeof(uintptr_t);
     }
     m->nslots = (unsigned)(last - first + 1);
     memcpy(m->key, key, sizeof m->key);
