@@ -470,8 +470,8 @@ static uint64_t site_sample_gap(struct site_sampler *sp, uint64_t period)
  * The reads stay in mapped memory: a slot is read only once the slot below it held the same
  * return address, so by the same induction it is the return-address slot of a live frame of this
  * stack (a system call per read to make sure, process_vm_readv, cost as much as the walk itself;
- * asking the stack's bounds, pthread_getattr_np, allocates, and a signal handler of the program
- * that calls malloc then deadlocked the hostile test).  The one way out of the stack would need a
+ * asking the stack's bounds, pthread_getattr_np, allocates, which the hooks never do: a signal
+ * handler of the program that calls malloc would find the C library's lock held).  The one way out of the stack would need a
  * frame of variable size in the chain and, at the same address as the remembered one, a
  * different and shorter stack (a coroutine's, freed and made again). */
 
