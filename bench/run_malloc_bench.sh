@@ -45,25 +45,33 @@ else
     echo "run_malloc_bench: $LIB not built: measuring without the shim only" >&2
 fi
 
+# run_in VARIANT PROG: PROG without the shim (plain) or under it in mode VARIANT, its output
+# appended to VARIANT.txt / VARIANT.err; its exit status.
+run_in() {
+    # shellcheck disable=SC2086 # ARGS is a list of words
+    if [ "$1" = plain ]; then
+        env -u LD_PRELOAD "$2" $ARGS >>"$tmp/$1.txt" 2>>"$tmp/$1.err"
+    else
+        env LD_PRELOAD="$LIB${LD_PRELOAD:+:$LD_PRELOAD}" PINSHIM_MODE="$1" PINSHIM_STATS= PINSHIM_REPORT= \
+            "$2" $ARGS >>"$tmp/$1.txt" 2>>"$tmp/$1.err"
+    fi
+}
+
+# failed WHAT STATUS: say so with the end of the variant's errors (VARIANT in $v).
+failed() {
+    echo "run_malloc_bench: $1 failed (exit $2):" >&2
+    tail -n 5 "$tmp/$v.err" >&2
+    rc=1
+}
+
 rc=0
 for v in $variants; do
-    # shellcheck disable=SC2086 # ARGS is a list of words
     r=0
-    progs=("${PROGS[@]}")
-    for prog in "${progs[@]}"; do
+    for prog in "${PROGS[@]}"; do
         [ -x "$prog" ] || continue
-        if [ "$v" = plain ]; then
-            env -u LD_PRELOAD "$prog" $ARGS >>"$tmp/$v.txt" 2>>"$tmp/$v.err" || r=$?
-        else
-            env LD_PRELOAD="$LIB${LD_PRELOAD:+:$LD_PRELOAD}" PINSHIM_MODE="$v" PINSHIM_STATS= PINSHIM_REPORT= \
-                "$prog" $ARGS >>"$tmp/$v.txt" 2>>"$tmp/$v.err" || r=$?
-        fi
+        run_in "$v" "$prog" || r=$?
     done
-    if [ $r -ne 0 ]; then
-        echo "run_malloc_bench: the $v run failed (exit $r):" >&2
-        tail -n 5 "$tmp/$v.err" >&2
-        rc=1
-    fi
+    [ $r -ne 0 ] && failed "the $v run" $r
 done
 
 # The heap loops take seconds per run: without the shim and in the mode that matters, HEAP_REPS
@@ -74,17 +82,8 @@ if [ -x "$HEAP_BIN" ]; then
         for v in $variants; do
             [ "$v" = observe ] && continue
             r=0
-            if [ "$v" = plain ]; then
-                env -u LD_PRELOAD "$HEAP_BIN" $ARGS >>"$tmp/$v.txt" 2>>"$tmp/$v.err" || r=$?
-            else
-                env LD_PRELOAD="$LIB${LD_PRELOAD:+:$LD_PRELOAD}" PINSHIM_MODE="$v" PINSHIM_STATS= PINSHIM_REPORT= \
-                    "$HEAP_BIN" $ARGS >>"$tmp/$v.txt" 2>>"$tmp/$v.err" || r=$?
-            fi
-            if [ $r -ne 0 ]; then
-                echo "run_malloc_bench: the heap run in $v failed (exit $r):" >&2
-                tail -n 5 "$tmp/$v.err" >&2
-                rc=1
-            fi
+            run_in "$v" "$HEAP_BIN" || r=$?
+            [ $r -ne 0 ] && failed "the heap run in $v" $r
         done
     done
 fi

@@ -390,10 +390,9 @@ def heap_by_key(records):
     for key, rs in runs.items():
         cell = dict(rs[-1])
         for field in ("ns_per_pair", "faults_per_pair"):
-            vals = sorted(float(x[field]) for x in rs if field in x)
+            vals = [float(x[field]) for x in rs if field in x]
             if vals:
-                mid = len(vals) // 2
-                cell[field] = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+                cell[field] = statistics.median(vals)
         cell["runs"] = len(rs)
         out[key] = cell
     return out

@@ -47,8 +47,6 @@ static const char *const kind_actions[MEM_KIND_COUNT] = {
 
 /* ---- counters ---- */
 
-/* The per-copy counters of one thread.  Only the owner writes them (load, add, store: no lock
- * prefix); a reader may see a count a copy or two behind, never a torn value. */
 #define SITE_KEY_FRAMES 3      /* a site is its first 3 return addresses outside shim and driver */
 #define SITE_WALK_FRAMES 16    /* enough for the shim's and the runtime's frames plus the key */
 #define SITE_MEMO_ENTRIES 4
@@ -63,6 +61,8 @@ struct site_memo {
     void *key[SITE_KEY_FRAMES];
 };
 
+/* The per-copy counters of one thread.  Only the owner writes them (load, add, store: no lock
+ * prefix); a reader may see a count a copy or two behind, never a torn value. */
 struct stats_shard {
     struct dir_totals dir[DIR_COUNT];
     struct dir_totals kind[MEM_KIND_COUNT];
@@ -468,12 +468,13 @@ static uint64_t site_sample_gap(struct site_sampler *sp, uint64_t period)
  * copy credited to the site it made before, never anything but the statistics).  x86-64 only,
  * where a return address lies just below its frame's CFA; elsewhere every copy walks.
  * The reads stay in mapped memory: a slot is read only once the slot below it held the same
- * return address, so by the same induction it is the return-address slot of a live frame of this
- * stack (a system call per read to make sure, process_vm_readv, cost as much as the walk itself;
- * asking the stack's bounds, pthread_getattr_np, allocates, which the hooks never do: a signal
- * handler of the program that calls malloc would find the C library's lock held).  The one way out of the stack would need a
- * frame of variable size in the chain and, at the same address as the remembered one, a
- * different and shorter stack (a coroutine's, freed and made again). */
+ * return address, so by the same induction it is the return-address slot of a live frame of
+ * this stack (a system call per read to make sure, process_vm_readv, cost as much as the walk
+ * itself; asking the stack's bounds, pthread_getattr_np, allocates, which the hooks never do: a
+ * signal handler of the program that calls malloc would find the C library's lock held).  The
+ * one way out of the stack would need a frame of variable size in the chain and, at the same
+ * address as the remembered one, a different and shorter stack (a coroutine's, freed and made
+ * again). */
 
 #define WALK_MAX (SITE_WALK_FRAMES + 4)   /* the walker's own frames come first */
 struct walk {
