@@ -60,7 +60,8 @@ VARIANTS=(
 # the stacks walked for call sites (EXPECTED_WALKS max=N: call_site_walks at most N),
 # and the call sites (EXPECTED_SITE exact|sampled size=S copies=N bytes=B, every mode: the site
 # whose copies are of size S; exact: those numbers, not marked sampled; sampled: marked, count
-# and bytes within a third of the truth).
+# and bytes within a third of the truth); and, for every program, that staging flushed no more
+# bytes than it staged.
 check_counts() {
     python3 - "$1" "$2" "$3" <<'PY'
 import json, re, sys
@@ -96,6 +97,9 @@ bad += [f"tracking {k}: expected {v}, reported {got.get(k)}"
 if "BOUNCE" in want and (stats["bounce"]["count"] > 0) != bool(want["BOUNCE"]):
     bad.append(f"bounce copies: {stats['bounce']['count']} shared, expected "
                + ("some" if want["BOUNCE"] else "none (every call to the C library)"))
+staging = stats.get("staging", {})
+if staging.get("flushed_bytes", 0) > staging.get("bytes", 0):
+    bad.append(f"staging flushed {staging.get('flushed_bytes')} bytes, more than it staged ({staging.get('bytes')})")
 if "WALKS" in want and stats.get("call_site_walks", 0) > want["WALKS"]:
     bad.append(f"{stats.get('call_site_walks')} stacks walked, expected at most {want['WALKS']} "
                "(a chain already walked is found in the thread's memo)")

@@ -18,6 +18,8 @@ enum cpupool_flags {
                                 * (MADV_POPULATE_READ) */
     CPUPOOL_TRY = 8,           /* give up (return 0, nothing copied) rather than queue behind
                                 * other jobs */
+    CPUPOOL_FLUSH_SRC = 16,    /* once copied, push the source's lines out of every CPU cache
+                                * (see cpupool_flushes) */
 };
 
 /* Copy `rows` rows of `width` bytes, rows `spitch` / `dpitch` apart.  Returns 1 when copied, 0
@@ -27,6 +29,13 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
 
 /* The same, without threads (memcpy, or streaming stores): for slices of the caller's own. */
 void cpupool_copy_here(void *dst, const void *src, size_t n, unsigned flags);
+
+/* 1 when CPUPOOL_FLUSH_SRC flushes on this CPU (x86-64: CLFLUSHOPT, else CLFLUSH), 0 when it
+ * does nothing.  Why flush: once a block is registered, the copy engine reads it over PCIe, and
+ * on the H200's host a line left in one of many cores' caches by the copy threads is read
+ * slower than one in memory (copies of 2-32 MiB ran at 65-85% of pinned speed until a D2H copy
+ * or a flush cleared the lines; bench/gpu_block_layout.cu). */
+int cpupool_flushes(void);
 
 /* Threads the pool runs besides the caller (0 before the first copy). */
 int cpupool_workers(void);

@@ -175,6 +175,20 @@ static int rewrite_sync(const struct copy_desc *d, CUresult *r)
 
 /* ---- the router ---- */
 
+/* The staging request for d.  A copy staged while its block is queued for registration or being
+ * registered (held->unsettled) is among the last that read the block through the CPU: from an
+ * H2D one the copy threads push the lines they read out of their caches, so that the copy
+ * engine, reading the block once registered, finds them in memory (cpupool.h). */
+static const struct stage_req *staged_req(const struct copy_desc *d, const struct copy_hold *held,
+                                          struct stage_req *buf)
+{
+    if (!held->unsettled || d->dir != DIR_H2D)
+        return &d->stage;
+    *buf = d->stage;
+    buf->flush_host = 1;
+    return buf;
+}
+
 static CUresult route(const struct copy_desc *d)
 {
     uint64_t t0 = copy_clock_start(d->bytes);
@@ -186,6 +200,7 @@ static CUresult route(const struct copy_desc *d)
     int capturing = capture_active();
     int acting = shim_cfg.mode >= MODE_PIN && !capturing;
     struct copy_hold held = { NULL };
+    struct stage_req stage;
     int stageable = acting && d->stageable && staging_available(d->bytes) && staging_ready();
     /* Every size is classified: a small copy inside a promoted block must still keep pageable
      * semantics; the cost model does not promote for small copies (their saving is tiny). */
@@ -208,7 +223,7 @@ static CUresult route(const struct copy_desc *d)
         }
         if (candidate)
             sync_copy_end();
-    } else if (stageable && staging_copy(&d->stage, &r)) {
+    } else if (stageable && staging_copy(staged_req(d, &held, &stage), &r)) {
         kind = MEM_STAGED;
     } else {
         if (held.unsettled) {

@@ -397,12 +397,17 @@ static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, size
     CUresult r = CUDA_SUCCESS;
     unsigned seq = 0;
     unsigned flags = pool_flags(DIR_H2D);
+    int flush = req->flush_host && cpupool_flushes();
+    if (flush)
+        flags |= CPUPOOL_FLUSH_SRC;
     while (cursor_next(&c, &p)) {
         unsigned b = seq % l->nbuf;
         char *buf = l->mem + (size_t)b * l->chunk;
         if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
             goto fail;
         piece_copy(buf, p.ncols, piece_host(req, &p), req->host_pitch, p.ncols, p.nrows, flags);
+        if (flush)
+            stats_add(STAT_STAGING_FLUSHED_BYTES, p.ncols * p.nrows);
         if ((r = piece_dma(req, &p, buf, s)) != CUDA_SUCCESS)
             goto fail;
         seq++;

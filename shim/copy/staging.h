@@ -20,6 +20,8 @@ struct stage_req {
     size_t height;                /* rows */
     CUstream stream;              /* the program's stream, as named in its call */
     enum hook_flavour flavour;    /* of the entry point the program called */
+    int flush_host;               /* H2D: push the host side's lines out of the CPU caches once
+                                   * copied (the block is about to be registered: cpupool.h) */
 };
 
 /* Whether staging could take a copy of this many bytes now (mode, settings, buffers). */

@@ -17,6 +17,7 @@
 #include "mem/registry.h"
 #include "base/real.h"
 #include "base/shim.h"
+#include "copy/cpupool.h"
 #include "copy/staging.h"
 #include "stats/stats.h"
 #include "testutil.h"
@@ -123,11 +124,14 @@ static void fill(unsigned char *p, size_t n, unsigned seed)
     }
 }
 
+/* Whether stage() asks for the host side's lines to be flushed once copied. */
+static int stage_flush;
+
 static int stage(enum copy_dir dir, void *host, size_t host_pitch, CUdeviceptr dev,
                  size_t dev_pitch, size_t width, size_t height, CUstream s,
                  enum hook_flavour fl, CUresult *r)
 {
-    struct stage_req req = { dir, host, host_pitch, dev, dev_pitch, width, height, s, fl };
+    struct stage_req req = { dir, host, host_pitch, dev, dev_pitch, width, height, s, fl, stage_flush };
     *r = (CUresult)-1;
     return staging_copy(&req, r);
 }
@@ -334,6 +338,22 @@ int main(int argc, char **argv)
     round_trip_2d(dbuf, dsize, 150000, 3, 150001, 160000, "rows wider than a chunk");
     round_trip_2d(dbuf, dsize, chunk, 5, chunk + 3, chunk + 64, "rows exactly one chunk");
     round_trip_2d(dbuf, dsize, 4096, 64, 4096, 4096, "contiguous both sides");
+
+    /* ---- flushing the host side (a block about to be registered): every byte still right,
+     * and exactly the staged H2D bytes flushed (the D2H legs flush nothing) ---- */
+    {
+        CHECKF(stats_get(STAT_STAGING_FLUSHED_BYTES) == 0, "nothing flushed unless asked");
+        stage_flush = 1;
+        uint64_t before = stats_get(STAT_STAGING_FLUSHED_BYTES);
+        round_trip_1d(dbuf, chunk * 7 / 2, 5, 0, "flushed, 3.5 chunks, unaligned");
+        round_trip_1d(dbuf, chunk - 1, 3, 7, "flushed, chunk-1");
+        round_trip_2d(dbuf, dsize, 700, 300, 1000, 1024, "flushed, rows packed");
+        uint64_t want = cpupool_flushes() ? chunk * 7 / 2 + (chunk - 1) + 700 * 300 : 0;
+        CHECKF(stats_get(STAT_STAGING_FLUSHED_BYTES) - before == want,
+               "flushed bytes: %llu, the staged H2D bytes %llu",
+               (unsigned long long)(stats_get(STAT_STAGING_FLUSHED_BYTES) - before), (unsigned long long)want);
+        stage_flush = 0;
+    }
 
     /* ---- bigger chunks (slices of a quarter MiB) ---- */
     {
