@@ -60,8 +60,8 @@ VARIANTS=(
 # the stacks walked for call sites (EXPECTED_WALKS max=N: call_site_walks at most N),
 # and the call sites (EXPECTED_SITE exact|sampled size=S copies=N bytes=B, every mode: the site
 # whose copies are of size S; exact: those numbers, not marked sampled; sampled: marked, count
-# and bytes within a third of the truth); and, for every program, that staging flushed no more
-# bytes than it staged.
+# and bytes within a third of the truth), the copies staged (EXPECTED_STAGED copies=N: exactly
+# N); and, for every program, that staging flushed no more bytes than it staged.
 check_counts() {
     python3 - "$1" "$2" "$3" <<'PY'
 import json, re, sys
@@ -74,6 +74,9 @@ for line in open(log, errors="replace"):
     m = re.match(r"EXPECTED_WALKS max=([0-9]+)", line)
     if m:
         want["WALKS"] = int(m.group(1))
+    m = re.match(r"EXPECTED_STAGED copies=([0-9]+)", line)
+    if m:
+        want["STAGED"] = int(m.group(1))
     m = re.match(r"EXPECTED_BOUNCE shared=([01])", line)
     if m:
         want["BOUNCE"] = int(m.group(1))
@@ -98,6 +101,8 @@ if "BOUNCE" in want and (stats["bounce"]["count"] > 0) != bool(want["BOUNCE"]):
     bad.append(f"bounce copies: {stats['bounce']['count']} shared, expected "
                + ("some" if want["BOUNCE"] else "none (every call to the C library)"))
 staging = stats.get("staging", {})
+if "STAGED" in want and staging.get("count", 0) != want["STAGED"]:
+    bad.append(f"staged {staging.get('count', 0)} copies, expected all {want['STAGED']} (the first waits for the buffers)")
 if staging.get("flushed_bytes", 0) > staging.get("bytes", 0):
     bad.append(f"staging flushed {staging.get('flushed_bytes')} bytes, more than it staged ({staging.get('bytes')})")
 if "WALKS" in want and stats.get("call_site_walks", 0) > want["WALKS"]:

@@ -14,10 +14,12 @@
  * Limitations: a lane's context is remembered by handle; a context destroyed and recreated at the
  * same address would leave a lane with dead events (its copies would then fail, not corrupt). */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <cudaTypedefs.h>
 #include "base/config.h"
@@ -193,14 +195,18 @@ static void lane_release(struct lane *l)
     pthread_mutex_unlock(&lanes_mu);
 }
 
-/* ---- lanes built off the copy's path ----
+/* ---- lanes built by a thread of their own ----
  * Building a lane takes milliseconds (its buffers faulted in and registered, the first ever
- * registration of a process the slowest), so the first large copy of a process would pay for
- * it.  staging_ready() has a thread of its own build it instead; until it is there, copies are
- * judged as if staging did not exist (a small resident block is registered, others take the
- * driver's path). */
+ * registration of a process the slowest).  staging_ready() has a thread build it and waits for
+ * it, up to BUILD_WAIT_NS: a copy that went on through the driver meanwhile would keep the
+ * builder out, since the driver serializes the registration behind back-to-back pageable
+ * copies (on the H200 a loop of 256 MiB copies kept it out for half a second; in other runs for
+ * a few copies).  A build that takes longer is left to finish on its own, the copy judged as if
+ * staging did not exist (a small resident block registered, others the driver's path). */
+#define BUILD_WAIT_NS 100000000ull
 static pthread_t builder;
 static int builder_running, builder_done;   /* lanes_mu; builder_done also atomic */
+static pthread_cond_t builder_cv = PTHREAD_COND_INITIALIZER;   /* with lanes_mu: a build ended */
 
 static void *builder_main(void *arg)
 {
@@ -212,7 +218,10 @@ static void *builder_main(void *arg)
             lane_release(l);
         drv.cuCtxPopCurrent_v2(&popped);
     }
+    pthread_mutex_lock(&lanes_mu);
     __atomic_store_n(&builder_done, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&builder_cv);
+    pthread_mutex_unlock(&lanes_mu);
     return NULL;
 }
 
@@ -225,19 +234,28 @@ static void builder_reap(void)
     }
 }
 
+/* lanes_mu held: whether ctx has a lane ready (*building: or one being built). */
+static int lane_ready(CUcontext ctx, int *building)
+{
+    int ready = 0;
+    *building = 0;
+    for (int i = 0; i < MAX_LANES; i++) {
+        if (lanes[i].state == LANE_EMPTY || lanes[i].ctx != ctx)
+            continue;
+        ready |= lanes[i].state == LANE_READY;
+        *building |= lanes[i].state == LANE_BUILDING;
+    }
+    return ready;
+}
+
 int staging_ready(void)
 {
     CUcontext ctx = NULL;
     if (shim_forked_child || !drv.cuCtxGetCurrent || drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
         return 0;
-    int ready = 0, building = 0;
+    int building;
     pthread_mutex_lock(&lanes_mu);
-    for (int i = 0; i < MAX_LANES; i++) {
-        if (lanes[i].state == LANE_EMPTY || lanes[i].ctx != ctx)
-            continue;
-        ready |= lanes[i].state == LANE_READY;
-        building |= lanes[i].state == LANE_BUILDING;
-    }
+    int ready = lane_ready(ctx, &building);
     builder_reap();
     if (!ready && !building && !builder_running) {
         /* The program's signal handlers must never run on the shim's threads. */
@@ -248,6 +266,17 @@ int staging_ready(void)
         if (pthread_create(&builder, NULL, builder_main, ctx) == 0)
             builder_running = 1;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
+    if (!ready && builder_running) {
+        struct timespec deadline;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_nsec += (long)(BUILD_WAIT_NS % 1000000000ull);
+        deadline.tv_sec += (time_t)(BUILD_WAIT_NS / 1000000000ull) + deadline.tv_nsec / 1000000000L;
+        deadline.tv_nsec %= 1000000000L;
+        while (!__atomic_load_n(&builder_done, __ATOMIC_ACQUIRE) &&
+               pthread_cond_clockwait(&builder_cv, &lanes_mu, CLOCK_MONOTONIC, &deadline) != ETIMEDOUT)
+            ;
+        ready = lane_ready(ctx, &building);
     }
     pthread_mutex_unlock(&lanes_mu);
     return ready;
