@@ -208,12 +208,13 @@ static void lane_release(struct lane *l)
 
 /* ---- lanes built by a thread of their own ----
  * Building a lane takes milliseconds (its buffers faulted in and registered, the first ever
- * registration of a process the slowest).  staging_ready() has a thread build it and waits for
- * it, up to BUILD_WAIT_NS: a copy that went on through the driver meanwhile would keep the
- * builder out, since the driver serializes the registration behind back-to-back pageable
- * copies (on the H200 a loop of 256 MiB copies kept it out for half a second; in other runs for
- * a few copies).  A build that takes longer is left to finish on its own, the copy judged as if
- * staging did not exist (a small resident block registered, others the driver's path). */
+ * registration of a process the slowest), so staging_ready() has a thread build it, and a copy
+ * meanwhile is judged as if staging did not exist: a resident block worth registering for this
+ * copy alone is registered on its path.  A copy the driver's pageable path would take instead
+ * waits for the builder (staging_ready(1)), up to BUILD_WAIT_NS: back-to-back pageable copies
+ * keep the builder out of the driver, which serializes its registration behind them (on the
+ * H200 a loop of 256 MiB copies kept it out for half a second; in other runs for a few copies).
+ * A build that takes longer is left to finish on its own. */
 #define BUILD_WAIT_NS 100000000ull
 static pthread_t builder;
 static int builder_running, builder_done;   /* lanes_mu; builder_done also atomic */
@@ -259,7 +260,7 @@ static int lane_ready(CUcontext ctx, int *building)
     return ready;
 }
 
-int staging_ready(void)
+int staging_ready(int wait)
 {
     CUcontext ctx = NULL;
     if (shim_forked_child || !drv.cuCtxGetCurrent || drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
@@ -278,7 +279,7 @@ int staging_ready(void)
             builder_running = 1;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
-    if (!ready && builder_running) {
+    if (wait && !ready && builder_running) {
         struct timespec deadline;
         clock_gettime(CLOCK_MONOTONIC, &deadline);
         deadline.tv_nsec += (long)(BUILD_WAIT_NS % 1000000000ull);

@@ -28,8 +28,8 @@ struct stage_req {
 int staging_available(size_t bytes);
 
 /* Whether a lane of the current context is built; if none is, one is built on a thread of
- * its own (the copy's path never waits for it). */
-int staging_ready(void);
+ * its own.  wait: wait for that thread (up to 100 ms) rather than answer no at once. */
+int staging_ready(int wait);
 
 /* Run the copy through staging.  On return the copy is complete (H2D: the device has the data;
  * D2H: the host has it), ordered after the work the original call would have waited for.
