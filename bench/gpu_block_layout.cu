@@ -194,15 +194,16 @@ static double flush_lines(const char *p, size_t n)
     return now() - t0;
 }
 
-static char *map_aligned(size_t n, int advice)
+// n bytes at a 2 MiB boundary, advised `advice`; *raw, *len: the whole mapping, for munmap.
+static char *map_aligned(size_t n, int advice, char **raw, size_t *len)
 {
-    size_t len = (n + (4u << 20)) & ~(size_t)((2u << 20) - 1);
-    char *raw = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) {
+    *len = (n + (4u << 20)) & ~(size_t)((2u << 20) - 1);
+    *raw = (char *)mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (*raw == MAP_FAILED) {
         perror("mmap");
         exit(1);
     }
-    char *p = (char *)(((uintptr_t)raw + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1));
+    char *p = (char *)(((uintptr_t)*raw + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1));
     madvise(p, n, advice);
     return p;
 }
@@ -275,17 +276,21 @@ int main()
             CK(cudaHostUnregister(base));
             free(m);
 
-            m = map_aligned(n, MADV_HUGEPAGE);
+            char *raw;
+            size_t raw_len;
+            m = map_aligned(n, MADV_HUGEPAGE, &raw, &raw_len);
             memset(m, 4, n);
             CK(cudaHostRegister(m, n, 0));
             report("map-thp", round, m, dev, n);
             CK(cudaHostUnregister(m));
+            munmap(raw, raw_len);
 
-            m = map_aligned(n, MADV_NOHUGEPAGE);
+            m = map_aligned(n, MADV_NOHUGEPAGE, &raw, &raw_len);
             memset(m, 5, n);
             CK(cudaHostRegister(m, n, 0));
             report("map-4k", round, m, dev, n);
             CK(cudaHostUnregister(m));
+            munmap(raw, raw_len);
 
             m = (char *)malloc(n);
             memset(m, 6, n);
