@@ -276,21 +276,16 @@ int main()
             CK(cudaHostUnregister(base));
             free(m);
 
-            char *raw;
-            size_t raw_len;
-            m = map_aligned(n, MADV_HUGEPAGE, &raw, &raw_len);
-            memset(m, 4, n);
-            CK(cudaHostRegister(m, n, 0));
-            report("map-thp", round, m, dev, n);
-            CK(cudaHostUnregister(m));
-            munmap(raw, raw_len);
-
-            m = map_aligned(n, MADV_NOHUGEPAGE, &raw, &raw_len);
-            memset(m, 5, n);
-            CK(cudaHostRegister(m, n, 0));
-            report("map-4k", round, m, dev, n);
-            CK(cudaHostUnregister(m));
-            munmap(raw, raw_len);
+            for (int huge = 1; huge >= 0; huge--) {
+                char *raw;
+                size_t raw_len;
+                m = map_aligned(n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE, &raw, &raw_len);
+                memset(m, 5 - huge, n);
+                CK(cudaHostRegister(m, n, 0));
+                report(huge ? "map-thp" : "map-4k", round, m, dev, n);
+                CK(cudaHostUnregister(m));
+                munmap(raw, raw_len);
+            }
 
             m = (char *)malloc(n);
             memset(m, 6, n);

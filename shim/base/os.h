@@ -6,7 +6,17 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <sys/types.h>
+
+/* Fault in a range in one call (Linux 5.14); older headers lack the names, older kernels answer
+ * EINVAL. */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 /* Private, zero-filled, read-write pages; NULL on failure (errno set). */
 void *os_map(size_t len);

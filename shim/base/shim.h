@@ -47,6 +47,7 @@ static inline uint64_t shim_ns_since(uint64_t t0)
 }
 
 #define SHIM_PAGE_SIZE 4096ul
+#define SHIM_HUGE_PAGE (2ul << 20)   /* a transparent huge page on x86-64 */
 static inline uintptr_t page_down(uintptr_t a) { return a & ~(SHIM_PAGE_SIZE - 1); }
 static inline uintptr_t page_up(uintptr_t a) { return (a + SHIM_PAGE_SIZE - 1) & ~(SHIM_PAGE_SIZE - 1); }
 

@@ -27,13 +27,6 @@
 #include <emmintrin.h>
 #endif
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#endif
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
 #define MAX_WORKERS 63           /* PINSHIM_COPY_THREADS <= 64, the caller is one of them */
 #define AUTO_THREADS_MAX 16      /* "auto": the GPU's local CPUs, at most this many */
 #define WORKER_SPIN_NS 50000ull

@@ -201,7 +201,8 @@ static CUresult route(const struct copy_desc *d)
     int acting = shim_cfg.mode >= MODE_PIN && !capturing;
     struct copy_hold held = { NULL };
     struct stage_req stage;
-    int stageable = acting && d->stageable && staging_available(d->bytes) && staging_ready(0);
+    int could_stage = acting && d->stageable && staging_available(d->bytes);
+    int stageable = could_stage && staging_ready(0);
     /* Every size is classified: a small copy inside a promoted block must still keep pageable
      * semantics; the cost model does not promote for small copies (their saving is tiny). */
     unsigned flags = (acting ? COPY_MAY_PROMOTE : 0) | (capturing ? COPY_CAPTURING : 0) |
@@ -225,8 +226,8 @@ static CUresult route(const struct copy_desc *d)
             sync_copy_end();
     } else if (stageable && staging_copy(staged_req(d, &held, &stage), &r)) {
         kind = MEM_STAGED;
-    } else if (acting && !stageable && kind == MEM_PAGEABLE && d->stageable && staging_available(d->bytes) &&
-               staging_ready(1) && staging_copy(&d->stage, &r)) {
+    } else if (could_stage && !stageable && kind == MEM_PAGEABLE && staging_ready(1) &&
+               staging_copy(&d->stage, &r)) {
         /* Judged while the staging buffers were still being built, and left to the driver's
          * pageable path: staged once they are there (staging.c says why it waits for them). */
         kind = MEM_STAGED;

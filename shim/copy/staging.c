@@ -62,11 +62,6 @@ static int register_unusable;
 typedef CUresult (*register_fn)(void *, size_t, unsigned);
 typedef CUresult (*unregister_fn)(void *);
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-#define LANE_ALIGN (2ul << 20)   /* a huge page */
-
 static size_t lane_chunk(void)
 {
     return (size_t)page_up((uintptr_t)shim_cfg.staging_chunk);
@@ -113,7 +108,7 @@ static int lane_build(struct lane *l, CUcontext ctx)
      * process waits for this (staging_ready), and 48 MiB of 4 KiB pages touched one by one took
      * about 30 ms on the H200's host.  Resident before registering: registering resident pages
      * costs 8 times less than faulting them in. */
-    l->mem = os_map_aligned(l->len, LANE_ALIGN, 0);
+    l->mem = os_map_aligned(l->len, SHIM_HUGE_PAGE, 0);
     if (!l->mem) {
         registry_unreserve(l->len);
         return -1;

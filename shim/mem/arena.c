@@ -21,7 +21,6 @@
 #include "mem/arena.h"
 
 #define ADDR_BITS 47
-#define HUGE_PAGE (2ul << 20)
 #define SEGMAP_ENTRIES (1ul << (ADDR_BITS - ARENA_SEG_SHIFT))
 /* A thread keeps up to TC_SLOTS blocks of a class, and no more than TC_CLASS_BYTES of it
  * (at least one block): enough that a loop of allocations and frees of one size never leaves
@@ -203,7 +202,7 @@ static struct arena_seg *seg_new(unsigned c)
     }
     /* Blocks of 2 MiB and more in huge pages where the system allows them: one fault (and one
      * TLB entry) per 2 MiB, which is what makes a fresh large block fast to fill. */
-    if (bsize >= HUGE_PAGE)
+    if (bsize >= SHIM_HUGE_PAGE)
         os_madvise(mem, ARENA_SEG_SIZE, MADV_HUGEPAGE);
     s->data = (uintptr_t)mem;
     s->bsize = bsize;

@@ -26,7 +26,6 @@ void heap_init(void)
  * allocation of that size gets resident pages, which the copy path can promote at the lowest
  * cost on its first copy; others up to RETAIN_MAX_TOTAL in all. */
 #define RETAIN_MAX_TOTAL (256ul << 20)
-#define HUGE_PAGE (2ul << 20)
 #define RETAIN_SLOTS 16
 
 struct retained { uintptr_t map; size_t len; int warm; };
@@ -90,7 +89,7 @@ static void *huge_alloc(size_t n, size_t align, int zero)
         map_len = reused_len;
         if (zero)
             memset(map, 0, map_len);
-    } else if (!(map = os_map_aligned(map_len, HUGE_PAGE, 0))) {   /* fresh pages are zero */
+    } else if (!(map = os_map_aligned(map_len, SHIM_HUGE_PAGE, 0))) {   /* fresh pages are zero */
         errno = ENOMEM;
         return NULL;
     } else {
