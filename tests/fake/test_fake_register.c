@@ -60,6 +60,15 @@ int main(int argc, char **argv)
     EXPECT_RC(cuMemHostUnregister(buf + 2 * n + 64), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
     char stackbuf[16];
     EXPECT_RC(cuMemHostUnregister(stackbuf), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    /* Each registration has a number of its own: the same for every byte it holds, none for
+     * bytes outside, a new one when the range is registered again. */
+    unsigned long long id1 = fakecuda_registration_id(buf), id2 = fakecuda_registration_id(buf + n);
+    CHECK(id1 && id2 && id1 != id2 && fakecuda_registration_id(buf + n - 1) == id1 &&
+          fakecuda_registration_id(buf + 2 * n) == 0);
+    EXPECT_RC(cuMemHostUnregister(buf + n), CUDA_SUCCESS);
+    CHECK(fakecuda_registration_id(buf + n) == 0);
+    EXPECT_RC(cuMemHostRegister_v2(buf + n, n, 0), CUDA_SUCCESS);
+    CHECK(fakecuda_registration_id(buf + n) && fakecuda_registration_id(buf + n) != id2);
     EXPECT_RC(cuMemHostUnregister(buf + n), CUDA_SUCCESS);
     EXPECT_RC(cuMemHostUnregister(buf + n), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
     fakecuda_reset_registered_peak();

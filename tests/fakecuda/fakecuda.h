@@ -12,6 +12,9 @@ extern "C" {
 
 /* 1 if any byte of [p, p+n) lies in a cuMemHostRegister registration (not host-alloc memory). */
 int fakecuda_registered(const void *p, size_t n);
+/* Which cuMemHostRegister registration holds byte p: a number given to each registration as it
+ * is made, never reused (a range unregistered and registered again gets a new one); 0 when none. */
+unsigned long long fakecuda_registration_id(const void *p);
 /* Bytes registered with cuMemHostRegister right now, and the peak since start or last reset. */
 size_t fakecuda_registered_bytes(void);
 size_t fakecuda_registered_bytes_peak(void);

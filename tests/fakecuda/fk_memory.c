@@ -645,6 +645,22 @@ FK_PUBLIC int fakecuda_registered(const void *p, size_t n)
     return hit;
 }
 
+FK_PUBLIC unsigned long long fakecuda_registration_id(const void *p)
+{
+    fk_setup();
+    pthread_mutex_lock(&fk_mu);
+    unsigned long long id = 0;
+    uintptr_t a = (uintptr_t)p;
+    long i = hreg_floor(a);
+    if (i < 0) i = 0;
+    for (size_t k = (size_t)i; k < nhregs && (uintptr_t)hregs[k]->base <= a; k++) {
+        fk_hreg *h = hregs[k];
+        if (!h->hostalloc && (uintptr_t)h->base + h->size > a) { id = h->id; break; }
+    }
+    pthread_mutex_unlock(&fk_mu);
+    return id;
+}
+
 FK_PUBLIC size_t fakecuda_registered_bytes(void)
 {
     pthread_mutex_lock(&fk_mu);
