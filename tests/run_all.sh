@@ -60,8 +60,9 @@ VARIANTS=(
 # the stacks walked for call sites (EXPECTED_WALKS max=N: call_site_walks at most N),
 # and the call sites (EXPECTED_SITE exact|sampled size=S copies=N bytes=B, every mode: the site
 # whose copies are of size S; exact: those numbers, not marked sampled; sampled: marked, count
-# and bytes within a third of the truth), the copies staged (EXPECTED_STAGED copies=N: exactly
-# N); and, for every program, that staging flushed no more bytes than it staged.
+# and bytes within a third of the truth), the copies staged (EXPECTED_STAGED copies=N: all N, or
+# those not staged each after waiting the 100 ms the shim waits for its staging buffers); and,
+# for every program, that staging flushed no more bytes than it staged.
 check_counts() {
     python3 - "$1" "$2" "$3" <<'PY'
 import json, re, sys
@@ -101,8 +102,13 @@ if "BOUNCE" in want and (stats["bounce"]["count"] > 0) != bool(want["BOUNCE"]):
     bad.append(f"bounce copies: {stats['bounce']['count']} shared, expected "
                + ("some" if want["BOUNCE"] else "none (every call to the C library)"))
 staging = stats.get("staging", {})
-if "STAGED" in want and staging.get("count", 0) != want["STAGED"]:
-    bad.append(f"staged {staging.get('count', 0)} copies, expected all {want['STAGED']} (the first waits for the buffers)")
+if "STAGED" in want:
+    # Every copy staged, save those made while the buffers took longer than the wait's bound to
+    # build (a loaded machine): each of those waited the whole bound first.
+    late = stats["memory"]["pageable"]
+    if staging.get("count", 0) + late["count"] != want["STAGED"] or late["seconds"] < 0.1 * late["count"]:
+        bad.append(f"staged {staging.get('count', 0)} copies of {want['STAGED']}; {late['count']} took the "
+                   f"driver's path after {late['seconds']:.3f} s in all (each must wait 0.1 s for the buffers)")
 if staging.get("flushed_bytes", 0) > staging.get("bytes", 0):
     bad.append(f"staging flushed {staging.get('flushed_bytes')} bytes, more than it staged ({staging.get('bytes')})")
 if "WALKS" in want and stats.get("call_site_walks", 0) > want["WALKS"]:

@@ -3,7 +3,9 @@
  * context is made.  Every byte lands; and where the shim stages (mode full, its defaults), the
  * first copy already is staged: it waits for the staging buffers being built rather than take
  * the driver's path, which on a real driver kept the building thread out behind back-to-back
- * copies (EXPECTED_STAGED, checked by run_all.sh against the stats file). */
+ * copies (EXPECTED_STAGED, checked by run_all.sh against the stats file: on a machine so loaded
+ * that building takes longer than the wait's 100 ms bound, a copy not staged must have waited
+ * that long). */
 #include "drvtest.h"
 
 #define PART (8u << 20)
