@@ -2,7 +2,7 @@
 """A model's cold copies: model.to("cuda") and checkpoint-style state_dict copies to the CPU.
 
   model_bench.py [--model gpt2|mlp] [--layers 24] [--embd 1024] [--heads 16] [--checkpoints 3]
-                 [--quick] [--device cuda|cpu]
+                 [--quick] [--device cuda|cpu] [--pinned]
 
 Builds a GPT-2-medium-sized model on the CPU from its configuration alone (transformers'
 GPT2LMHeadModel(GPT2Config(n_layer=24, n_embd=1024, n_head=16)): about 1.4 GB of fp32
@@ -12,7 +12,10 @@ parameters in about 290 tensors, nothing downloaded), then times
   state_dict_cpu  {k: v.to("cpu") for k, v in model.state_dict().items()}, --checkpoints times
                   (a fresh CPU copy each time, as a checkpoint is written); median GB/s, and the
                   first
-and checks sampled tensors against the CPU originals.  --model mlp: a stack of Linear layers of
+and checks sampled tensors against the CPU originals.  --pinned: the same program's ceiling, run
+without the shim: the model's CPU tensors pinned (Tensor.pin_memory()) before model.to, and each
+checkpoint copied into pinned tensors allocated before the timing (ops to_cuda_pinned and
+state_dict_pinned): what the framework's own per-tensor work leaves of the link's speed.  --model mlp: a stack of Linear layers of
 about the same size, for a machine without transformers.  --device cpu runs the same steps
 without a GPU (a dry run of the script; its figures mean nothing).  --quick: a small model.
 
@@ -58,6 +61,7 @@ def main():
     ap.add_argument("--checkpoints", type=int, default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--pinned", action="store_true")
     args = ap.parse_args()
     small = {"layers": 2, "embd": 256, "heads": 4, "checkpoints": 2}
     full = {"layers": 24, "embd": 1024, "heads": 16, "checkpoints": 3}
@@ -82,6 +86,16 @@ def main():
     params = dict(model.named_parameters())
     reference = {n: params[n].detach().clone() for n in sample}
     pb.say(f"{WHO}: {args.model} with {len(tensors)} tensors, {up_bytes / 1e9:.3f} GB")
+    suffix = ""
+    if args.pinned and args.device != "cpu":
+        suffix = "_pinned"
+        # Tied weights are one Parameter: pinning its data once serves both names.
+        for p in model.parameters():
+            p.data = p.data.pin_memory()
+        for m in model.modules():
+            for n, b in list(m._buffers.items()):
+                if b is not None:
+                    m._buffers[n] = b.pin_memory()
 
     pb.torch_sync(torch, args.device)
     t0 = pb.now()
@@ -95,15 +109,21 @@ def main():
             print(f"{WHO}: MISMATCH: parameter {n} differs after model.to({args.device!r})", file=sys.stderr)
             rc = 1
     pb.say(f"{WHO}: model.to({args.device!r}): {secs:.3f} s, {up_bytes / secs / 1e9:.2f} GB/s")
-    pb.result("model", op="to_cuda", model=args.model, tensors=len(tensors), bytes=up_bytes,
+    pb.result("model", op="to_cuda" + suffix, model=args.model, tensors=len(tensors), bytes=up_bytes,
               seconds=secs, gbps=up_bytes / secs / 1e9, ok=rc == 0)
 
     times = []
     down_bytes = count = 0
+    into = None
+    if suffix:
+        into = {k: torch.empty(v.shape, dtype=v.dtype).pin_memory() for k, v in model.state_dict().items()}
     for i in range(args.checkpoints):
         pb.torch_sync(torch, args.device)
         t0 = pb.now()
-        sd = {k: v.to("cpu") for k, v in model.state_dict().items()}
+        if into is None:
+            sd = {k: v.to("cpu") for k, v in model.state_dict().items()}
+        else:
+            sd = {k: into[k].copy_(v) for k, v in model.state_dict().items()}
         pb.torch_sync(torch, args.device)
         times.append(pb.now() - t0)
         down_bytes = sum(v.numel() * v.element_size() for v in sd.values())
@@ -116,7 +136,7 @@ def main():
                f"{down_bytes / times[-1] / 1e9:.2f} GB/s")
         del sd
     f = pb.gbps_fields(down_bytes, times)
-    pb.result("model", op="state_dict_cpu", model=args.model, tensors=count, bytes=down_bytes,
+    pb.result("model", op="state_dict_cpu" if not suffix else "state_dict_pinned", model=args.model, tensors=count, bytes=down_bytes,
               gbps_first=down_bytes / times[0] / 1e9, ok=rc == 0, **f)
     return rc
 

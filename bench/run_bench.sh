@@ -330,6 +330,8 @@ fi
 PY_BENCH=$ROOT/bench
 if want model; then
     ab model "$REPS" -- python3 "$PY_BENCH/model_bench.py" $Q
+    # The same program from and into pinned memory: what PyTorch's own per-tensor work allows.
+    plain_only model_pinned 1 -- python3 "$PY_BENCH/model_bench.py" $Q --pinned
 fi
 if want safetensors; then
     st_file=$(mktemp "$BENCH_TMP/pinshim-bench.XXXXXX.safetensors") || st_file=

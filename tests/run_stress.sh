@@ -21,8 +21,8 @@
 #   mappings made read-only then written, a signal handler that calls malloc),
 #   STRESS_DEADLINE (seconds; no seed starts after it, and the run fails as incomplete; 0: none).
 # Long mode (STRESS_LONG=1): 1000 seeds, one parallel job per CPU, delays "20 0" (async work
-# delayed by 20 us, and run as soon as its worker gets to it), 1 of the 7 variants per seed
-# besides the run without the shim (all 7 over every 7 seeds, each under both delays), 150
+# delayed by 20 us, and run as soon as its worker gets to it), 1 of the 8 variants per seed
+# besides the run without the shim (all 8 over every 8 seeds, each under both delays), 150
 # operations per thread, 256 live blocks per thread (1024 per process), hostile operations on,
 # a two-hour deadline: 2000 runs, 1.27 million operations, about an hour on 2 busy cores (the
 # runs' time is mostly the kernel's: page faults, mappings, forks); each setting above still
@@ -89,6 +89,7 @@ ALL_VARIANTS=(
     "full|PINSHIM_MODE=full"
     "full-4M|PINSHIM_MODE=full PINSHIM_BUDGET=4M $SMALL"
     "full-16M|PINSHIM_MODE=full PINSHIM_BUDGET=16M $SMALL"
+    "full-2M-chunks|PINSHIM_MODE=full PINSHIM_STAGING_MIN=64K PINSHIM_STAGING_CHUNK=2M PINSHIM_STAGING_BUFFERS=2 PINSHIM_BOUNCE=all"
     "pin-4M|PINSHIM_MODE=pin PINSHIM_BUDGET=4M PINSHIM_MIN_SIZE=4K"
 )
 EXTRA_VARIANTS=" pin-4M "

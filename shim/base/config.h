@@ -20,6 +20,7 @@ struct shim_config {
     uint64_t staging_min;         /* PINSHIM_STAGING_MIN: smallest pageable copy sent through staging */
     uint64_t staging_chunk;       /* PINSHIM_STAGING_CHUNK */
     uint64_t staging_buffers;     /* PINSHIM_STAGING_BUFFERS */
+    bool staging_taper;           /* PINSHIM_STAGING_TAPER: pieces start and end small */
     uint64_t copy_threads;        /* PINSHIM_COPY_THREADS; 0 = the CPUs local to the GPU */
     bool streaming_stores;        /* PINSHIM_STREAMING_STORES */
     enum bounce_mode bounce;      /* PINSHIM_BOUNCE */

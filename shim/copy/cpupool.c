@@ -4,7 +4,11 @@
  * SLICE_MIN (splitting less costs more in wake-ups than it gains).  Workers take slices of the
  * oldest job; the job's owner takes only its own job's slices (helping another pipeline's job
  * would delay its own) and returns when all are done.  Idle workers spin briefly before
- * sleeping: in a pipeline the next job follows within microseconds. */
+ * sleeping: in a pipeline the next job follows within microseconds.
+ *
+ * Slices are handed out without a lock (see struct job_slot): a staging pipeline posts a job per
+ * piece of a few MiB, whose slices take tens of microseconds, and sixteen workers queueing on
+ * one mutex to take them started one after another, each woken by the one before. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
@@ -33,20 +37,42 @@
 #define OWNER_SPIN_NS 100000ull  /* the caller waits for its job's last slices this long awake */
 #define SLICE_MIN (64u << 10)
 
+#define MAX_JOBS 16              /* jobs at once: staging lanes' pieces and bounce copies */
+
 struct copy_job {
     char *dst;
     const char *src;
     size_t dpitch, spitch, width, rows;
     unsigned flags;
-    unsigned nslices, next, done;
-    struct copy_job *link;       /* pool.jobs: jobs with slices not yet taken */
+    unsigned nslices;
 };
 
+/* Where a job lives while its slices are handed out.  `word` holds the job's ticket (bits
+ * 16-63: increasing, 0 when the slot holds no job), its slice count (bits 8-15) and the next
+ * slice to take (bits 0-7); a thread takes a slice by one compare-and-swap of it.  A word read
+ * before its job ended fails the swap once the slot holds another job (another ticket), so a
+ * thread reads a job's fields only after taking one of its slices: the job is live then, and
+ * its fields stay put until its owner has seen every slice done.  Slots are never freed. */
+struct job_slot {
+    uint64_t word;
+    unsigned done;               /* slices finished */
+    int owner_waiting;           /* the owner sleeps on done_cv for this job */
+    int owned;                   /* taken by a caller (the word may still be 0) */
+    struct copy_job job;
+} __attribute__((aligned(64)));
+
+#define WORD_NEXT(w) ((unsigned)((w) & 0xff))
+#define WORD_COUNT(w) ((unsigned)(((w) >> 8) & 0xff))
+#define WORD_TICKET(w) ((w) >> 16)
+_Static_assert(MAX_WORKERS + 1 <= 0xff, "a job's slices (one per thread at most) fit in 8 bits");
+
 static struct {
-    pthread_mutex_t mu;
+    pthread_mutex_t mu;          /* only for sleeping and waking */
     pthread_cond_t work_cv, done_cv;
-    struct copy_job *jobs;
-    unsigned gen;                /* bumped per job, read unlocked by spinning workers */
+    struct job_slot slots[MAX_JOBS];
+    uint64_t tickets;            /* the last ticket given */
+    unsigned gen;                /* bumped per job posted: spinning workers watch it */
+    int sleepers;                /* workers in (or entering) pthread_cond_wait on work_cv */
     int stop;
     int started;
     int nworkers;
@@ -208,46 +234,68 @@ static void cpu_relax(void)
 #endif
 }
 
-/* Take one slice of the first job with slices left; pool.mu held.  -1 when none. */
-static long take_slice(struct copy_job **out)
+/* Take one slice of slot s's job: its index, or -1 when the slot holds no job with slices left.
+ * *count: the job's slice count. */
+static int claim(struct job_slot *s, unsigned *count)
 {
-    struct copy_job *j = pool.jobs;
-    if (!j)
-        return -1;
-    unsigned i = j->next++;
-    if (j->next == j->nslices)
-        pool.jobs = j->link;
-    *out = j;
-    return i;
+    uint64_t w = __atomic_load_n(&s->word, __ATOMIC_ACQUIRE);
+    while (WORD_TICKET(w) && WORD_NEXT(w) < WORD_COUNT(w)) {
+        if (__atomic_compare_exchange_n(&s->word, &w, w + 1, 1, __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE)) {
+            *count = WORD_COUNT(w);
+            return (int)WORD_NEXT(w);
+        }
+    }
+    return -1;
 }
 
-/* A slice finished; pool.mu held.  After the last one the owner may free the job at once, so
- * nobody touches it after this. */
-static void slice_done(struct copy_job *j)
+/* A slice of the oldest job with slices left: its slot, NULL when there is none. */
+static struct job_slot *claim_oldest(int *index, unsigned *count)
 {
-    /* Atomic: the owner watches it unlocked (cpupool_copy). */
-    if (__atomic_add_fetch(&j->done, 1, __ATOMIC_RELEASE) == j->nslices)
+    for (;;) {
+        struct job_slot *best = NULL;
+        uint64_t best_ticket = UINT64_MAX;
+        for (int k = 0; k < MAX_JOBS; k++) {
+            uint64_t w = __atomic_load_n(&pool.slots[k].word, __ATOMIC_RELAXED);
+            if (WORD_TICKET(w) && WORD_NEXT(w) < WORD_COUNT(w) && WORD_TICKET(w) < best_ticket) {
+                best = &pool.slots[k];
+                best_ticket = WORD_TICKET(w);
+            }
+        }
+        if (!best)
+            return NULL;
+        if ((*index = claim(best, count)) >= 0)
+            return best;   /* (another job, if the slot was reused meanwhile: still a live one) */
+    }
+}
+
+/* A worker finished a slice of s's job, which has `count` slices.  After the last one the owner
+ * may reuse the slot at once: only its owner_waiting flag is read after (a stale read of it
+ * costs one needless wake-up).  The flag and done are both sequentially consistent, so that
+ * either the owner sees the last slice done or this thread sees the owner waiting. */
+static void slice_done(struct job_slot *s, unsigned count)
+{
+    if (__atomic_add_fetch(&s->done, 1, __ATOMIC_SEQ_CST) == count &&
+        __atomic_load_n(&s->owner_waiting, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&pool.mu);
         pthread_cond_broadcast(&pool.done_cv);
+        pthread_mutex_unlock(&pool.mu);
+    }
 }
 
 static void *worker_main(void *arg)
 {
     shim_enter();   /* anything this thread allocates bypasses the hooks; never left */
-    pthread_mutex_lock(&pool.mu);
-    for (;;) {
-        if (__atomic_load_n(&pool.stop, __ATOMIC_RELAXED))
-            break;
-        struct copy_job *j;
-        long i = take_slice(&j);
-        if (i >= 0) {
-            pthread_mutex_unlock(&pool.mu);
-            run_slice(j, (unsigned)i);
-            pthread_mutex_lock(&pool.mu);
-            slice_done(j);
+    while (!__atomic_load_n(&pool.stop, __ATOMIC_ACQUIRE)) {
+        /* The generation first: a job posted after it is seen by the scan or changes it. */
+        unsigned gen = __atomic_load_n(&pool.gen, __ATOMIC_SEQ_CST);
+        int i;
+        unsigned count;
+        struct job_slot *s = claim_oldest(&i, &count);
+        if (s) {
+            run_slice(&s->job, (unsigned)i);
+            slice_done(s, count);
             continue;
         }
-        unsigned gen = pool.gen;
-        pthread_mutex_unlock(&pool.mu);
         uint64_t t0 = shim_now_ns();
         int changed = 0;
         for (unsigned n = 0; !changed; n++) {
@@ -257,11 +305,17 @@ static void *worker_main(void *arg)
                 break;
             cpu_relax();
         }
+        if (changed)
+            continue;
+        /* Asleep: a poster that bumps gen after this thread counted itself wakes it; one that
+         * bumped it before is seen here (both sides sequentially consistent). */
         pthread_mutex_lock(&pool.mu);
-        if (!changed && pool.gen == gen && !__atomic_load_n(&pool.stop, __ATOMIC_RELAXED))
+        __atomic_add_fetch(&pool.sleepers, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&pool.gen, __ATOMIC_SEQ_CST) == gen && !__atomic_load_n(&pool.stop, __ATOMIC_SEQ_CST))
             pthread_cond_wait(&pool.work_cv, &pool.mu);
+        __atomic_sub_fetch(&pool.sleepers, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&pool.mu);
     }
-    pthread_mutex_unlock(&pool.mu);
     return arg;
 }
 
@@ -388,7 +442,7 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
         rows = 1;
     }
     pool_start();
-    struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags, 1, 0, 0, NULL };
+    struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags, 1 };
     size_t total = width * rows;
     /* Small copies in four at most, large ones in slices of at least SLICE_MIN. */
     size_t min_slice = total < 16 * SLICE_MIN ? (total / 4 > 4096 ? total / 4 : 4096) : SLICE_MIN;
@@ -403,47 +457,59 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
         return 1;
     }
     job.nslices = (unsigned)n;
-    pthread_mutex_lock(&pool.mu);
-    if ((flags & CPUPOOL_TRY) && pool.jobs) {
-        pthread_mutex_unlock(&pool.mu);
-        return 0;
+    if (flags & CPUPOOL_TRY)
+        for (int k = 0; k < MAX_JOBS; k++)
+            if (__atomic_load_n(&pool.slots[k].owned, __ATOMIC_RELAXED))
+                return 0;
+    struct job_slot *s = NULL;
+    for (int k = 0; k < MAX_JOBS && !s; k++) {
+        int free_slot = 0;
+        if (__atomic_compare_exchange_n(&pool.slots[k].owned, &free_slot, 1, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED))
+            s = &pool.slots[k];
     }
-    /* Append: earlier jobs (another pipeline's) keep their place. */
-    struct copy_job **pp = &pool.jobs;
-    while (*pp)
-        pp = &(*pp)->link;
-    *pp = &job;
-    __atomic_store_n(&pool.gen, pool.gen + 1, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&pool.work_cv);
-    while (job.next < job.nslices) {
-        unsigned i = job.next++;
-        if (job.next == job.nslices) {
-            for (pp = &pool.jobs; *pp != &job; pp = &(*pp)->link)
-                ;
-            *pp = job.link;
-        }
-        pthread_mutex_unlock(&pool.mu);
-        run_slice(&job, i);
+    if (!s) {
+        /* Every slot busy (more pipelines at once than it was sized for): alone, still right. */
+        for (unsigned i = 0; i < job.nslices; i++)
+            run_slice(&job, i);
+        return 1;
+    }
+    s->job = job;
+    uint64_t ticket = __atomic_add_fetch(&pool.tickets, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->word, ticket << 16 | (uint64_t)job.nslices << 8, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&pool.gen, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&pool.sleepers, __ATOMIC_SEQ_CST)) {
         pthread_mutex_lock(&pool.mu);
-        slice_done(&job);
+        pthread_cond_broadcast(&pool.work_cv);
+        pthread_mutex_unlock(&pool.mu);
+    }
+    int i;
+    unsigned count;
+    while ((i = claim(s, &count)) >= 0) {
+        run_slice(&s->job, (unsigned)i);
+        __atomic_add_fetch(&s->done, 1, __ATOMIC_SEQ_CST);
     }
     /* The last slices are a few microseconds away: watch for them before sleeping, since a
      * sleeping caller is woken late (tens of microseconds on a virtual machine), once per
-     * piece of a pipeline.  The lock is taken again before returning either way: the worker
-     * that finished the last slice may still be in slice_done, reading the job. */
-    if (job.done < job.nslices) {
-        pthread_mutex_unlock(&pool.mu);
-        uint64_t t0 = shim_now_ns();
-        for (unsigned k = 0; __atomic_load_n(&job.done, __ATOMIC_ACQUIRE) < job.nslices; k++) {
-            if ((k & 63) == 63 && shim_now_ns() - t0 > OWNER_SPIN_NS)
-                break;
-            cpu_relax();
-        }
-        pthread_mutex_lock(&pool.mu);
+     * piece of a pipeline. */
+    uint64_t t0 = shim_now_ns();
+    for (unsigned k = 0; __atomic_load_n(&s->done, __ATOMIC_ACQUIRE) < job.nslices; k++) {
+        if ((k & 63) == 63 && shim_now_ns() - t0 > OWNER_SPIN_NS)
+            break;
+        cpu_relax();
     }
-    while (job.done < job.nslices)
-        pthread_cond_wait(&pool.done_cv, &pool.mu);
-    pthread_mutex_unlock(&pool.mu);
+    if (__atomic_load_n(&s->done, __ATOMIC_ACQUIRE) < job.nslices) {
+        __atomic_store_n(&s->owner_waiting, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_lock(&pool.mu);
+        while (__atomic_load_n(&s->done, __ATOMIC_SEQ_CST) < job.nslices)
+            pthread_cond_wait(&pool.done_cv, &pool.mu);
+        pthread_mutex_unlock(&pool.mu);
+        __atomic_store_n(&s->owner_waiting, 0, __ATOMIC_RELAXED);
+    }
+    /* Every slice done: nobody reads the job again.  The slot is free for the next. */
+    __atomic_store_n(&s->done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->word, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->owned, 0, __ATOMIC_RELEASE);
     return 1;
 }
 
@@ -454,7 +520,8 @@ void cpupool_shutdown(void)
         pthread_mutex_init(&pool.mu, NULL);
         pthread_cond_init(&pool.work_cv, NULL);
         pthread_cond_init(&pool.done_cv, NULL);
-        pool.jobs = NULL;
+        memset(pool.slots, 0, sizeof pool.slots);
+        __atomic_store_n(&pool.sleepers, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&pool.nworkers, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&pool.stop, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&pool.started, 0, __ATOMIC_RELEASE);

@@ -297,16 +297,28 @@ struct piece {
 };
 
 /* Walks the copy in chunk-sized pieces: whole rows while a row fits in a chunk, else each row
- * in chunk-wide segments. */
+ * in chunk-wide segments.  A single row may taper (PINSHIM_STAGING_TAPER): its pieces start at
+ * TAPER_MIN and double up to the chunk, and end by halving down to TAPER_MIN again.  A pipeline's
+ * first step (the first piece's CPU copy, H2D, or its DMA, D2H) and its last step overlap
+ * nothing: with pieces of a quarter of a 14 MiB tensor or of a 16 MiB buffer, those two steps
+ * cost more than the few extra pieces do. */
+#define TAPER_MIN (1u << 20)
+
 struct cursor {
     size_t row, col, width, height, rows_per, cols_per;
+    size_t taper;                /* 0, or the smallest piece of a tapered row */
+    unsigned index;              /* pieces given so far */
 };
 
 static void cursor_init(struct cursor *c, size_t width, size_t height, size_t chunk)
 {
     c->row = c->col = 0;
+    c->index = 0;
     c->width = width;
     c->height = height;
+    /* Tapering pays only where there are pieces of more than TAPER_MIN to shrink. */
+    c->taper = shim_cfg.staging_taper && height == 1 && chunk > TAPER_MIN && width > 4 * (size_t)TAPER_MIN
+                   ? TAPER_MIN : 0;
     if (width <= chunk) {
         c->rows_per = chunk / width;
         c->cols_per = width;
@@ -314,6 +326,25 @@ static void cursor_init(struct cursor *c, size_t width, size_t height, size_t ch
         c->rows_per = 1;
         c->cols_per = chunk;
     }
+}
+
+/* The next tapered piece's width: doubling from the start, at most a piece, at most half of
+ * what is left (so that the end halves down); a rest of less than half a piece more goes with
+ * it, never beyond a piece (a staging buffer's size). */
+static size_t taper_width(const struct cursor *c)
+{
+    size_t left = c->width - c->col;
+    size_t n = c->cols_per;
+    if (c->index < 16 && (c->taper << c->index) < n)
+        n = c->taper << c->index;
+    size_t half = page_down(left / 2);
+    if (half < c->taper)
+        half = c->taper;
+    if (half < n)
+        n = half;
+    if (left <= n + n / 2 && left <= c->cols_per)
+        return left;
+    return n < left ? n : left;
 }
 
 static int cursor_next(struct cursor *c, struct piece *p)
@@ -324,6 +355,9 @@ static int cursor_next(struct cursor *c, struct piece *p)
     p->col = c->col;
     p->nrows = c->height - c->row < c->rows_per ? c->height - c->row : c->rows_per;
     p->ncols = c->width - c->col < c->cols_per ? c->width - c->col : c->cols_per;
+    if (c->taper)
+        p->ncols = taper_width(c);
+    c->index++;
     c->col += p->ncols;
     if (c->col == c->width) {
         c->col = 0;

@@ -355,13 +355,43 @@ int main(int argc, char **argv)
         stage_flush = 0;
     }
 
-    /* ---- bigger chunks (slices of a quarter MiB) ---- */
+    /* ---- bigger chunks (slices of a quarter MiB), pieces of one size and tapered ---- */
     {
         settings(4 * M, 3, 4, 1ull << 30);
-        size_t n = 14 * M;
+        const size_t sizes[] = { 4 * M + 1, 9 * M + 4097, 14 * M, 23 * M + 123 };
+        const size_t nsizes = sizeof sizes / sizeof sizes[0];
+        uint64_t pieces[2][4];
         CUdeviceptr big;
-        MUST(d.mem_alloc(&big, n + 4096));
-        round_trip_1d(big, n, 3, 5, "4M chunks, 3.5 chunks");
+        MUST(d.mem_alloc(&big, 24 * M + 4096));
+        for (int taper = 0; taper < 2; taper++) {
+            shim_cfg.staging_taper = taper;
+            for (size_t i = 0; i < nsizes; i++) {
+                char what[64];
+                snprintf(what, sizeof what, "4M chunks, %zu bytes, %s", sizes[i],
+                         taper ? "tapered" : "even pieces");
+                uint64_t before = stats_get(STAT_STAGING_PIECES);
+                round_trip_1d(big, sizes[i], 3, 5, what);
+                pieces[taper][i] = stats_get(STAT_STAGING_PIECES) - before;   /* both ways */
+            }
+        }
+        /* Even pieces: a quarter of the copy, 1 MiB at least, one chunk at most.  Tapered: more
+         * pieces only where a piece was larger than 1 MiB (the ramp up and down: log2(4M / 1M) + 1
+         * steps each side at most), and not one more where they were 1 MiB already. */
+        for (size_t i = 0; i < nsizes; i++) {
+            size_t q = sizes[i] / 4, piece = q < M ? M : q > 4 * M ? 4 * M : (q + 4095) & ~(size_t)4095;
+            uint64_t even = 2 * ((sizes[i] + piece - 1) / piece);
+            CHECKF(pieces[0][i] == even, "even pieces: %zu bytes in %llu pieces both ways (want %llu)",
+                   sizes[i], (unsigned long long)pieces[0][i], (unsigned long long)even);
+            if (piece > M)
+                CHECKF(pieces[1][i] > pieces[0][i] && pieces[1][i] <= pieces[0][i] + 2 * 2 * 3,
+                       "tapered: %zu bytes in %llu pieces both ways (even: %llu)", sizes[i],
+                       (unsigned long long)pieces[1][i], (unsigned long long)pieces[0][i]);
+            else
+                CHECKF(pieces[1][i] <= pieces[0][i],
+                       "tapered: %zu bytes in %llu pieces both ways, no more than even (%llu)", sizes[i],
+                       (unsigned long long)pieces[1][i], (unsigned long long)pieces[0][i]);
+        }
+        shim_cfg.staging_taper = true;
         check_budget("4M chunks", 12 * M);
         MUST(d.mem_free(big));
     }
