@@ -13,11 +13,13 @@
  * --threads (1,4,16, whatever the machine's core count: the figure is per thread).  A cell's
  * threads start together; ns_per_pair is the cell's wall time over the pairs each thread made, the
  * median over --batches (5); faults are the process's minor faults (getrusage) over the
- * batch, per pair.  An untimed first batch of --touch bytes (64M) worth of pairs per thread (at
- * least --min-pairs, 4) sets the pairs of the timed ones: enough for --batch-ms (10 ms) each,
- * at most --max-pairs (100000) and --touch-max bytes (256M) per thread, so that short cells
- * are not lost in the timer's and the scheduler's noise and long ones stay short; a cell
- * whose batches would take more than --cell-ms (250 ms) in all makes fewer of them, 3 at least.
+ * batch, per pair.  Two untimed batches of --touch bytes (64M) worth of pairs per thread (at
+ * least --min-pairs, 1) come first: one to warm the allocator up (its first mappings and page
+ * faults, which would make a cell look slower than it runs and give it too few pairs), then one
+ * that sets the pairs of the timed ones: enough for --batch-ms (10 ms) each, at most
+ * --max-pairs (100000) and --touch-max bytes (4G) per thread, so that short cells are not lost
+ * in the timer's and the scheduler's noise and long ones stay short; a cell whose batches
+ * would take more than --cell-ms (250 ms) in all makes fewer of them, 3 at least.
  *
  * Run plain and under LD_PRELOAD=libpinshim.so (bench/run_malloc_bench.sh does both; bench/
  * summarize.py compares them).  It asserts nothing about timings.
@@ -180,7 +182,9 @@ static int run_cell(const char *test, size_t size, int threads, int live)
     }
     double ns[MAX_BATCHES], faults[MAX_BATCHES];
     int batches = o.batches;
-    for (int b = -1; b < batches; b++) {
+    /* Batch -2 warms the cell up (the allocator's first mappings and faults), batch -1, warm,
+     * sets the pairs of the timed ones. */
+    for (int b = -2; b < batches; b++) {
         /* The workers wait at a barrier whenever this thread reads the fault count.  The cell's
          * time is the workers' own, from the first start to the last end: this thread may be
          * scheduled out when the start barrier opens. */
@@ -193,7 +197,9 @@ static int run_cell(const char *test, size_t size, int threads, int live)
             t0 = w[t].t_start < t0 ? w[t].t_start : t0;
             t1 = w[t].t_end > t1 ? w[t].t_end : t1;
         }
-        if (b < 0) {
+        if (b == -2)
+            continue;
+        if (b == -1) {
             /* The workers read c.pairs only after the next start barrier. */
             double want = o.batch_ms * 1e-3, took = t1 - t0;
             long cap = (long)(o.touch_max / size);
@@ -330,7 +336,7 @@ int main(int argc, char **argv)
     o.cell_ms = 250.0;
     o.live = 256;
     o.touch = 64u << 20;
-    o.touch_max = 256u << 20;
+    o.touch_max = 4ul << 30;
     o.ws_bytes = 32u << 20;
     o.blocks = 140000;
     o.block_min = 64u << 10;

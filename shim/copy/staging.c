@@ -540,6 +540,19 @@ fail:
     return RUN_DONE;
 }
 
+/* Whether the copy is cut into more pieces than n (tapered pieces are more than even ones). */
+static int more_pieces_than(const struct stage_req *req, size_t piece, unsigned n)
+{
+    struct cursor c;
+    struct piece p;
+    unsigned count = 0;
+    cursor_init(&c, req->width, req->height, piece);
+    while (cursor_next(&c, &p))
+        if (++count > n)
+            return 1;
+    return 0;
+}
+
 /* The size of a copy's pieces: a quarter of it, within [1 MiB, the buffer size], so that a copy
  * of a few MiB still overlaps its CPU copies with its DMAs, and a large one keeps every buffer
  * full. */
@@ -668,22 +681,22 @@ int staging_copy(const struct stage_req *req, CUresult *result)
     }
     size_t total = req->width * req->height;
     size_t piece = piece_size(total, l->chunk);
-    /* A copy larger than the lane's buffers cannot be read whole at the call: later pieces are
-     * read once the DMA of earlier ones is done, which the stream orders after the work queued
-     * before the copy.  Such work (a host function, say) may rewrite the source, and the device
-     * must get either all the bytes of the call or all the rewritten ones, never a mix: so it
-     * is waited for before the first byte is read. */
-    if (req->dir == DIR_H2D && total > (size_t)l->nbuf * piece &&
-        drv.cuEventQuery(ss->order_event) == CUDA_ERROR_NOT_READY) {
-        uint64_t w0 = shim_now_ns();
-        drv.cuEventSynchronize(ss->order_event);
-        stats_add(STAT_ORDERING_WAIT_NS, shim_now_ns() - w0);
-    }
     /* Contiguous on both sides: one long row, cut in full pieces. */
     struct stage_req flat = *req;
     if (flat.height > 1 && flat.host_pitch == flat.width && flat.dev_pitch == flat.width) {
         flat.width *= flat.height;
         flat.height = 1;
+    }
+    /* A copy in more pieces than the lane has buffers cannot be read whole at the call: later
+     * pieces are read once the DMA of earlier ones is done, which the stream orders after the
+     * work queued before the copy.  Such work (a host function, say) may rewrite the source,
+     * and the device must get either all the bytes of the call or all the rewritten ones, never
+     * a mix: so it is waited for before the first byte is read. */
+    if (flat.dir == DIR_H2D && more_pieces_than(&flat, piece, l->nbuf) &&
+        drv.cuEventQuery(ss->order_event) == CUDA_ERROR_NOT_READY) {
+        uint64_t w0 = shim_now_ns();
+        drv.cuEventSynchronize(ss->order_event);
+        stats_add(STAT_ORDERING_WAIT_NS, shim_now_ns() - w0);
     }
     nvtx_push("pinshim staged copy");
     int run = flat.dir == DIR_H2D ? run_h2d(&flat, l, ss->stream, piece, result)

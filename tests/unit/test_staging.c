@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cuda.h>
 #include "base/config.h"
 #include "mem/registry.h"
@@ -39,6 +40,7 @@ static struct {
     CUresult (*stream_create)(CUstream *, unsigned);
     CUresult (*stream_destroy)(CUstream);
     CUresult (*ctx_sync)(void);
+    CUresult (*launch_host_func)(CUstream, CUhostFn, void *);
     /* the fake's test API; NULL on a real driver */
     unsigned long (*violations)(void);
     size_t (*fake_registered)(void);
@@ -94,6 +96,7 @@ static void open_driver(void)
     *(void **)&d.fake_registered = dlsym(h, "fakecuda_registered_bytes");
     *(void **)&d.launch_write = dlsym(h, "fakecuda_launch_write");
     *(void **)&d.launch_write_ptsz = dlsym(h, "fakecuda_launch_write_ptsz");
+    *(void **)&d.launch_host_func = dlsym(h, "cuLaunchHostFunc");
     CUdevice dev;
     MUST(d.init(0));
     MUST(d.device_get(&dev, 0));
@@ -217,6 +220,59 @@ static void check_budget(const char *what, uint64_t at_least)
     if (d.fake_registered)
         CHECKF(d.fake_registered() == reg, "%s: the fake's registered bytes (%zu) match", what,
                d.fake_registered());
+}
+
+/* ---- one version of the source: a host function queued before the copy rewrites it ---- */
+struct rewrite_arg {
+    unsigned char *p;
+    size_t n;
+    unsigned seed;
+};
+
+static void CUDA_CB rewrite_source(void *ud)
+{
+    struct rewrite_arg *a = ud;
+    struct timespec t = { 0, 5 * 1000 * 1000 };
+    nanosleep(&t, NULL);   /* long enough that the copy has begun reading */
+    fill(a->p, a->n, a->seed);
+}
+
+/* A staged H2D of rows x width (host rows hpitch apart) on a blocking stream behind a host
+ * function that rewrites the source: the device gets the source as it was or as rewritten,
+ * whole.  The copy must come in more pieces than the lane has buffers to be a test at all. */
+static void one_version(CUdeviceptr dbuf, size_t width, size_t rows, size_t hpitch, const char *what)
+{
+    size_t hsize = (rows - 1) * hpitch + width;
+    unsigned char *src = malloc(hsize), *old = malloc(hsize), *got = malloc(rows * width);
+    fill(src, hsize, 11);
+    memcpy(old, src, hsize);
+    struct rewrite_arg a = { src, hsize, 12 };
+    unsigned char *rewritten = malloc(hsize);
+    fill(rewritten, hsize, 12);
+    CUstream s;
+    MUST(d.stream_create(&s, 0));
+    uint64_t pieces0 = stats_get(STAT_STAGING_PIECES);
+    MUST(d.launch_host_func(s, rewrite_source, &a));
+    CUresult r;
+    int staged = stage(DIR_H2D, src, hpitch, dbuf, width, width, rows, s, LEGACY, &r);
+    MUST(d.ctx_sync());
+    uint64_t pieces = stats_get(STAT_STAGING_PIECES) - pieces0;
+    MUST(d.dtoh(got, dbuf, rows * width));
+    int as_old = 1, as_new = 1;
+    for (size_t y = 0; y < rows; y++) {
+        as_old &= !memcmp(got + y * width, old + y * hpitch, width);
+        as_new &= !memcmp(got + y * width, rewritten + y * hpitch, width);
+    }
+    CHECKF(staged && r == CUDA_SUCCESS && pieces > shim_cfg.staging_buffers,
+           "%s: staged in %llu pieces, more than the %llu buffers", what, (unsigned long long)pieces,
+           (unsigned long long)shim_cfg.staging_buffers);
+    CHECKF(as_old || as_new, "%s: the device holds one whole version of the source (%s)", what,
+           as_old ? "as it was" : as_new ? "as rewritten" : "a mix");
+    d.stream_destroy(s);
+    free(src);
+    free(old);
+    free(rewritten);
+    free(got);
 }
 
 /* ---- two threads staging at once ---- */
@@ -393,6 +449,16 @@ int main(int argc, char **argv)
         }
         shim_cfg.staging_taper = true;
         check_budget("4M chunks", 12 * M);
+        /* Four buffers hold the four even pieces of a copy, and not its tapered ones; rows of
+         * half a piece and a byte go one per piece, twice as many pieces as the bytes say. */
+        if (d.launch_host_func) {
+            settings(16 * M, 4, 4, 1ull << 30);
+            /* The lane rebuilt to that shape first: unregistering the old one waits for the
+             * device, host functions included, which would hide a mix. */
+            round_trip_1d(big, 2 * M, 0, 0, "lane of four 16 MiB buffers");
+            one_version(big, 12 * M, 1, 12 * M, "12 MiB tapered, 4 buffers");
+            one_version(big, 512 * K + 1, 6, 600 * K, "6 rows of 512 KiB + 1, 4 buffers");
+        }
         MUST(d.mem_free(big));
     }
     settings(chunk, 3, 4, 1ull << 30);
