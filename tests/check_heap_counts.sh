@@ -45,4 +45,24 @@ compare FAULTS 2 16 loop 1048576 1000 4
 compare FAULTS 2 16 loop 262144 1000 16
 compare FAULTS 2 16 set 65536 256 20000
 compare FAULTS 2 16 set 1048576 64 3000
+
+# Freed blocks beyond what the shim keeps resident (a 64th of memory, 256 MiB..4 GiB) give their
+# pages back, in batches; calloc must return zeros from them and from those still waiting.
+mem_kib=$(awk '/^MemTotal:/ {print $2; exit}' /proc/meminfo 2>/dev/null)
+kept=$(( ${mem_kib:-0} * 1024 / 64 )); [ "$kept" -lt $((256 << 20)) ] && kept=$((256 << 20))
+[ "$kept" -gt $((4 << 30)) ] && kept=$((4 << 30))
+letgo_bytes=$((kept + (512 << 20)))
+for side in plain shim; do
+    if [ $side = plain ]; then
+        out=$(env LD_LIBRARY_PATH="$FAKE" "$BIN" letgo "$letgo_bytes" 65536 73728 2>&1)
+    else
+        out=$(env LD_LIBRARY_PATH="$FAKE" LD_PRELOAD="$SHIM" PINSHIM_MODE=full "$BIN" letgo "$letgo_bytes" 65536 73728 2>&1)
+    fi
+    nz=$(value NONZERO "$out"); nb=$(value BLOCKS "$out")
+    if [ "$nz" = 0 ]; then
+        echo "PASS letgo $((letgo_bytes >> 20)) MiB [$side]: $nb blocks freed and calloc'd again, every byte zero"
+    else
+        echo "FAIL letgo $((letgo_bytes >> 20)) MiB [$side]: ${nz:-no NONZERO line} bytes not zero ($out)"; fail=1
+    fi
+done
 exit $fail

@@ -47,12 +47,24 @@ struct arena_seg {
     struct arena_slot slots[];
 };
 
+/* Freed blocks beyond the resident bound give their pages back in batches, a class at a time:
+ * sorted by address, neighbours in one madvise call.  A program that frees many blocks it
+ * allocated one after another (a working set let go) pays a system call per run of them, not
+ * per block (140,000 blocks of 64-72 KiB: 2.1 us a free with a call each, against 0.5 us for
+ * the C library).  A batch holds up to PURGE_BATCH blocks and PURGE_BATCH_BYTES (at least one
+ * block): the most a class keeps resident beyond the bound (about 100 MiB over the classes below
+ * 4 MiB, at worst; larger blocks are given back at once, as before). */
+#define PURGE_BATCH 64
+#define PURGE_BATCH_BYTES (4ul << 20)
+
 /* A line per class: one class's lock is not another's. */
 struct central {
     pthread_mutex_t mu;
     struct arena_slot *resident;   /* freed, pages kept: reused first (no faults) */
     struct arena_slot *purged;     /* freed, pages given back: zero */
     struct arena_seg *cur;         /* the segment fresh blocks come from */
+    unsigned npending;             /* freed beyond the bound, pages not given back yet */
+    struct arena_slot *pending[PURGE_BATCH];
 } __attribute__((aligned(ARENA_LINE)));
 
 /* Written on every malloc and free of its thread: on lines no other record shares. */
@@ -278,14 +290,45 @@ void arena_for_each_in_range(uintptr_t p, size_t n, void (*fn)(struct arena_slot
 
 /* ---- central lists ---- */
 
-/* Put a freed block on its central list; pages beyond the resident bound are given back.
- * Class lock held. */
+/* Give back the pages of the class's pending blocks, neighbours in one call, and list them as
+ * purged.  Class lock held. */
+static void purge_pending(struct central *cl, size_t bsize)
+{
+    unsigned n = cl->npending;
+    struct arena_slot **v = cl->pending;
+    for (unsigned i = 1; i < n; i++) {   /* insertion sort by address: a few dozen at most */
+        struct arena_slot *x = v[i];
+        unsigned j = i;
+        for (; j > 0 && v[j - 1]->addr > x->addr; j--)
+            v[j] = v[j - 1];
+        v[j] = x;
+    }
+    for (unsigned i = 0; i < n;) {
+        unsigned j = i + 1;
+        while (j < n && v[j]->addr == v[j - 1]->addr + bsize)
+            j++;
+        os_madvise((void *)v[i]->addr, (size_t)(j - i) * bsize, MADV_DONTNEED);
+        i = j;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        v[i]->zero = 1;
+        v[i]->next = cl->purged;
+        cl->purged = v[i];
+    }
+    __atomic_add_fetch(&counts.purged_blocks, n, __ATOMIC_RELAXED);
+    cl->npending = 0;
+}
+
+/* Put a freed block on its central list; pages beyond the resident bound are given back (in
+ * batches).  Class lock held. */
 static void central_put(struct central *cl, struct arena_slot *sl, size_t bsize)
 {
     if (!sl->zero && __atomic_load_n(&counts.resident_free_bytes, __ATOMIC_RELAXED) + bsize > central_resident_max) {
-        os_madvise((void *)sl->addr, bsize, MADV_DONTNEED);
-        sl->zero = 1;
-        __atomic_add_fetch(&counts.purged_blocks, 1, __ATOMIC_RELAXED);
+        size_t cap = PURGE_BATCH_BYTES / bsize;
+        cl->pending[cl->npending++] = sl;
+        if (cl->npending >= PURGE_BATCH || cl->npending >= cap)
+            purge_pending(cl, bsize);
+        return;
     }
     if (sl->zero) {
         sl->next = cl->purged;
@@ -309,6 +352,8 @@ static unsigned central_take(unsigned c, struct arena_slot **out, unsigned want)
         __atomic_sub_fetch(&counts.resident_free_bytes, class_bytes[c], __ATOMIC_RELAXED);
         out[got++] = sl;
     }
+    while (got < want && cl->npending)   /* still resident: no faults */
+        out[got++] = cl->pending[--cl->npending];
     while (got < want && cl->purged) {
         out[got++] = cl->purged;
         cl->purged = cl->purged->next;

@@ -13,7 +13,13 @@
  *                              fault with any allocator)
  *   heap_counts set SIZE LIVE OPS
  *                              a working set of LIVE blocks of SIZE..2*SIZE, ops random
- *                              replacements (every page of a new block touched); faults */
+ *                              replacements (every page of a new block touched); faults
+ *   heap_counts letgo BYTES LO HI
+ *                              blocks of LO..HI bytes, BYTES in all, every byte written, all
+ *                              freed (lone ones and runs of neighbours), then as many
+ *                              calloc'd again: prints the bytes of them that are not zero
+ *                              (an allocator that gives freed pages back, or keeps them, must
+ *                              zero what calloc returns either way) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -199,6 +205,42 @@ static int set_mode(size_t size, long live, long ops)
     return 0;
 }
 
+static int letgo_mode(size_t bytes, size_t lo, size_t hi)
+{
+    size_t n = bytes / ((lo + hi) / 2) + 1;
+    char **blocks = calloc(n, sizeof *blocks);
+    size_t *sizes = calloc(n, sizeof *sizes);
+    if (!blocks || !sizes)
+        return 2;
+    for (size_t i = 0; i < n; i++) {
+        sizes[i] = lo + (size_t)(next_rand() % (uint64_t)(hi - lo + 1));
+        if (!(blocks[i] = malloc(sizes[i])))
+            return 1;
+        memset(blocks[i], 0xA5, sizes[i]);
+    }
+    /* Freed in an order with runs of neighbours and lone blocks: the odd ones of the first
+     * half, the second half in order, then the even ones of the first half. */
+    for (size_t i = 1; i < n / 2; i += 2)
+        free(blocks[i]);
+    for (size_t i = n / 2; i < n; i++)
+        free(blocks[i]);
+    for (size_t i = 0; i < n / 2; i += 2)
+        free(blocks[i]);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(blocks[i] = calloc(1, sizes[i])))
+            return 1;
+        for (size_t k = 0; k < sizes[i]; k++)
+            nonzero += blocks[i][k] != 0;
+    }
+    printf("BLOCKS %zu\nNONZERO %zu\n", n, nonzero);
+    for (size_t i = 0; i < n; i++)
+        free(blocks[i]);
+    free(blocks);
+    free(sizes);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && !strcmp(argv[1], "maps"))
@@ -207,6 +249,9 @@ int main(int argc, char **argv)
         return loop_mode(strtoul(argv[2], NULL, 0), atol(argv[3]), atoi(argv[4]));
     if (argc == 5 && !strcmp(argv[1], "set"))
         return set_mode(strtoul(argv[2], NULL, 0), atol(argv[3]), atol(argv[4]));
-    fprintf(stderr, "usage: heap_counts maps N LO HI | loop SIZE PAIRS THREADS | set SIZE LIVE OPS\n");
+    if (argc == 5 && !strcmp(argv[1], "letgo"))
+        return letgo_mode(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), strtoul(argv[4], NULL, 0));
+    fprintf(stderr, "usage: heap_counts maps N LO HI | loop SIZE PAIRS THREADS | set SIZE LIVE OPS | "
+                    "letgo BYTES LO HI\n");
     return 2;
 }
