@@ -57,6 +57,8 @@ VARIANTS=(
 # entry point (EXPECTED_ENTRIES, every mode: the doors count what the program called), and what
 # the registry tracks at exit (EXPECTED_TRACKING, every mode: keys of the "tracking" object),
 # whether large memcpy calls were shared (EXPECTED_BOUNCE shared=0|1: the stats' bounce count),
+# the program's own pinning calls (EXPECTED_PINNING, every mode but off, whose doors call no
+# handler: keys of the "program_pinning" object, each kind of call made also timed),
 # the stacks walked for call sites (EXPECTED_WALKS max=N: call_site_walks at most N),
 # and the call sites (EXPECTED_SITE exact|sampled size=S copies=N bytes=B, every mode: the site
 # whose copies are of size S; exact: those numbers, not marked sampled; sampled: marked, count
@@ -69,7 +71,7 @@ import json, re, sys
 log, path, mode = sys.argv[1:4]
 want = {}
 for line in open(log, errors="replace"):
-    m = re.match(r"EXPECTED_(COPIES|ENTRIES|TRACKING) (.*)", line)
+    m = re.match(r"EXPECTED_(COPIES|ENTRIES|TRACKING|PINNING) (.*)", line)
     if m:
         want[m.group(1)] = {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}
     m = re.match(r"EXPECTED_WALKS max=([0-9]+)", line)
@@ -98,6 +100,14 @@ bad += [f"entry point {k}: called {v} times, counted {got.get(k, 0)}"
 got = stats.get("tracking", {})
 bad += [f"tracking {k}: expected {v}, reported {got.get(k)}"
         for k, v in want.get("TRACKING", {}).items() if got.get(k) != v]
+if "PINNING" in want and mode != "off":
+    got = stats.get("program_pinning", {})
+    bad += [f"program_pinning {k}: expected {v}, reported {got.get(k)}"
+            for k, v in want["PINNING"].items() if got.get(k) != v]
+    for calls, secs in (("host_allocs", "host_alloc_seconds"), ("host_frees", "host_free_seconds"),
+                        ("registers", "register_seconds"), ("unregisters", "unregister_seconds")):
+        if want["PINNING"].get(calls) and not got.get(secs, 0) > 0:
+            bad.append(f"program_pinning {secs}: {got.get(secs)} for {got.get(calls)} calls")
 if "BOUNCE" in want and (stats["bounce"]["count"] > 0) != bool(want["BOUNCE"]):
     bad.append(f"bounce copies: {stats['bounce']['count']} shared, expected "
                + ("some" if want["BOUNCE"] else "none (every call to the C library)"))

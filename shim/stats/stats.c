@@ -908,6 +908,14 @@ static void write_json(struct out *o)
                "\"from_pinned\":%llu},\n",
             C(BOUNCE_COPIES), C(BOUNCE_BYTES), seconds(stats_get(STAT_BOUNCE_NS)), C(BOUNCE_TO_PINNED),
             C(BOUNCE_FROM_PINNED));
+    out_fmt(o, "\"program_pinning\":{\"host_allocs\":%llu,\"host_alloc_bytes\":%llu,"
+               "\"host_alloc_seconds\":%.6f,\"host_frees\":%llu,\"host_free_seconds\":%.6f,"
+               "\"registers\":%llu,\"registered_bytes\":%llu,\"register_seconds\":%.6f,"
+               "\"unregisters\":%llu,\"unregister_seconds\":%.6f},\n",
+            C(PROGRAM_HOST_ALLOCS), C(PROGRAM_HOST_ALLOC_BYTES), seconds(stats_get(STAT_PROGRAM_HOST_ALLOC_NS)),
+            C(PROGRAM_HOST_FREES), seconds(stats_get(STAT_PROGRAM_HOST_FREE_NS)), C(PROGRAM_REGISTERS),
+            C(PROGRAM_REGISTERED_BYTES), seconds(stats_get(STAT_PROGRAM_REGISTER_NS)), C(PROGRAM_UNREGISTERS),
+            seconds(stats_get(STAT_PROGRAM_UNREGISTER_NS)));
     {   /* node budget: the ceiling, bytes held on the node, by this process */
         uint64_t nb, nb_used, nb_mine;
         node_budget_usage(&nb, &nb_used, &nb_mine);
@@ -1088,6 +1096,23 @@ static void write_report(struct out *o)
     out_fmt(o, "staging: %llu copies, %s, %.4f s, failures %llu\n", C(STAGED_COPIES),
             human_bytes(stats_get(STAT_STAGED_BYTES), b1, sizeof b1),
             seconds(stats_get(STAT_STAGED_NS)), C(STAGING_FAILURES));
+    {
+        uint64_t ns = stats_get(STAT_BOUNCE_NS), bytes = stats_get(STAT_BOUNCE_BYTES);
+        out_fmt(o, "bounce: %llu memcpy/memmove calls shared among the copy threads, %s, %.4f s",
+                C(BOUNCE_COPIES), human_bytes(bytes, b1, sizeof b1), seconds(ns));
+        if (ns)
+            out_fmt(o, " (%.2f GB/s)", (double)bytes / (double)ns);
+        out_fmt(o, "; %llu into and %llu out of driver-pinned memory\n", C(BOUNCE_TO_PINNED),
+                C(BOUNCE_FROM_PINNED));
+    }
+    out_fmt(o, "the program's own pinning: %llu host allocations (%s, %.4f s), %llu frees (%.4f s), "
+               "%llu registrations (%s, %.4f s), %llu unregistrations (%.4f s)\n",
+            C(PROGRAM_HOST_ALLOCS), human_bytes(stats_get(STAT_PROGRAM_HOST_ALLOC_BYTES), b1, sizeof b1),
+            seconds(stats_get(STAT_PROGRAM_HOST_ALLOC_NS)), C(PROGRAM_HOST_FREES),
+            seconds(stats_get(STAT_PROGRAM_HOST_FREE_NS)), C(PROGRAM_REGISTERS),
+            human_bytes(stats_get(STAT_PROGRAM_REGISTERED_BYTES), b2, sizeof b2),
+            seconds(stats_get(STAT_PROGRAM_REGISTER_NS)), C(PROGRAM_UNREGISTERS),
+            seconds(stats_get(STAT_PROGRAM_UNREGISTER_NS)));
     {   /* node budget */
         uint64_t nb, nb_used, nb_mine;
         node_budget_usage(&nb, &nb_used, &nb_mine);

@@ -56,7 +56,17 @@ enum mem_kind {
     X(BOUNCE_BYTES, "bounce_bytes")                         \
     X(BOUNCE_NS, "bounce_ns")                               \
     X(BOUNCE_TO_PINNED, "bounce_to_pinned")                 \
-    X(BOUNCE_FROM_PINNED, "bounce_from_pinned")
+    X(BOUNCE_FROM_PINNED, "bounce_from_pinned")             \
+    X(PROGRAM_HOST_ALLOCS, "program_host_allocs")           \
+    X(PROGRAM_HOST_ALLOC_BYTES, "program_host_alloc_bytes") \
+    X(PROGRAM_HOST_ALLOC_NS, "program_host_alloc_ns")       \
+    X(PROGRAM_HOST_FREES, "program_host_frees")             \
+    X(PROGRAM_HOST_FREE_NS, "program_host_free_ns")         \
+    X(PROGRAM_REGISTERS, "program_registers")               \
+    X(PROGRAM_REGISTERED_BYTES, "program_registered_bytes") \
+    X(PROGRAM_REGISTER_NS, "program_register_ns")           \
+    X(PROGRAM_UNREGISTERS, "program_unregisters")           \
+    X(PROGRAM_UNREGISTER_NS, "program_unregister_ns")
 
 enum stats_counter {
 #define STATS_ENUM_(name, key) STAT_##name,

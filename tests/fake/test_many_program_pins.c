@@ -7,7 +7,10 @@
  *     unregistering;
  *   - at exit the shim tracks exactly the mappings the program still holds (KEEP of them,
  *     large enough to be tracked in every mode) and no program-pinned range: run_all.sh reads
- *     EXPECTED_TRACKING against the stats file's "tracking" object. */
+ *     EXPECTED_TRACKING against the stats file's "tracking" object;
+ *   - the program's own pinning calls are counted, bytes and all, and timed (EXPECTED_PINNING
+ *     against the "program_pinning" object): the registrations above, HOST_ALLOCS host
+ *     allocations of both entry points, their frees, and no failed call. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -30,6 +33,7 @@
 #define RANGE_BYTES 8192
 #define KEEP 3
 #define KEEP_BYTES (1u << 20)
+#define HOST_ALLOCS 6
 
 static int count_mappings(void)
 {
@@ -119,11 +123,35 @@ int main(void)
         CHECKF(after - mid <= 2, "unregistering and freeing added %d mappings (%d -> %d), at most 2",
                after - mid, mid, after);
 
+    /* The program's own pinned allocations, of both entry points; failed calls are not counted. */
+    unsigned long long host_bytes = 0;
+    for (int i = 0; i < HOST_ALLOCS; i++) {
+        void *h = NULL;
+        size_t bytes = (size_t)(i + 1) * 12288 + 100;
+        CUresult r = i % 2 ? cuMemAllocHost(&h, bytes) : cuMemHostAlloc(&h, bytes, CU_MEMHOSTALLOC_PORTABLE);
+        CHECKF(r == CUDA_SUCCESS && h, "host allocation %d of %zu bytes (%d)", i, bytes, (int)r);
+        host_bytes += bytes;
+        if (h) {
+            memset(h, i, bytes);
+            CU(cuMemFreeHost(h));
+        }
+    }
+    void *none = NULL;
+    CHECKF(cuMemHostAlloc(&none, 4096, 0xff00) == CUDA_ERROR_INVALID_VALUE, "a host allocation with unknown flags fails");
+    CHECKF(cuMemHostUnregister(range[0]) == CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+           "an unregister of memory no longer registered fails");
+
     CU(cuCtxSynchronize());
     CU(cuMemFree(dev));
     CHECKF(fakecuda_violations() == 0, "no violations (%lu)", fakecuda_violations());
     printf("EXPECTED_COPIES h2d=4 d2h=4\n");
-    printf("EXPECTED_ENTRIES cuMemHostRegister_v2=%d cuMemHostUnregister=%d\n", RANGES, RANGES);
+    /* The doors count every call, the failed unregister too. */
+    printf("EXPECTED_ENTRIES cuMemHostRegister_v2=%d cuMemHostUnregister=%d cuMemHostAlloc=%d "
+           "cuMemAllocHost_v2=%d cuMemFreeHost=%d\n", RANGES, RANGES + 1, HOST_ALLOCS / 2 + 1,
+           HOST_ALLOCS / 2, HOST_ALLOCS);
     printf("EXPECTED_TRACKING program_mappings=%d program_ranges=0\n", KEEP);
+    printf("EXPECTED_PINNING host_allocs=%d host_alloc_bytes=%llu host_frees=%d registers=%d "
+           "registered_bytes=%llu unregisters=%d\n", HOST_ALLOCS, host_bytes, HOST_ALLOCS, RANGES,
+           (unsigned long long)RANGES * RANGE_BYTES, RANGES);
     return TEST_SUMMARY();
 }
