@@ -374,6 +374,31 @@ def shim_effect_rows(d, merge):
     return rows
 
 
+def shim_time_rows(d, merge):
+    """Where time went in the middle shim run of each benchmark: the shim's staging (its CPU copies
+    and its waits for a buffer), its own registrations, the copies its threads shared, and the
+    program's own pinning calls (which no copy figure includes)."""
+    rows = []
+    for case in dict.fromkeys(r["case"] for r in d.runs if r["side"] == "shim"):
+        st = [v for (c, s, _), v in sorted(d.stats.items()) if c == case and s == "shim"]
+        if not st or merge is None:
+            continue
+        s = st[len(st) // 2]
+        g = merge.g
+        pp = s.get("program_pinning", {})
+        rows.append([case,
+                     f"{g(s, 'staging', 'seconds'):.3f} ({g(s, 'staging', 'cpu_seconds'):.3f} / "
+                     f"{g(s, 'staging', 'wait_seconds'):.3f})",
+                     f"{g(s, 'promotions', 'register_seconds'):.3f} / {g(s, 'promotions', 'unregister_seconds'):.3f}",
+                     f"{g(s, 'bounce', 'count')}, {merge.fmt_bytes(g(s, 'bounce', 'bytes'))}, "
+                     f"{g(s, 'bounce', 'seconds'):.3f}",
+                     f"{g(pp, 'host_allocs')} / {g(pp, 'host_alloc_seconds'):.3f}; "
+                     f"{g(pp, 'host_frees')} / {g(pp, 'host_free_seconds'):.3f}",
+                     f"{g(pp, 'registers')} / {g(pp, 'register_seconds'):.3f}; "
+                     f"{g(pp, 'unregisters')} / {g(pp, 'unregister_seconds'):.3f}"])
+    return rows
+
+
 # ---------------------------------------------------------------- CPU: heap and small memcpy
 HEAP_TESTS = (("churn", "one live block per thread"),
               ("working_set", "up to 256 live blocks per thread, random replacement"))
@@ -978,6 +1003,16 @@ def main(argv):
         body.append("")
         body.append(table(["benchmark", "H2D / D2H bytes", "promoted", "staged", "pinned by program",
                            "left pageable", "sync->async", "promotions/evictions/failures"], eff))
+        body.append("")
+    times = shim_time_rows(d, merge)
+    if times:
+        body.append("Where the time went, seconds in the process: the shim's staging (its copy threads' "
+                    "CPU copies / its waits for a buffer's DMA), its own registrations, the program's "
+                    "memcpy calls its copy threads shared, and the program's own pinning calls.")
+        body.append("")
+        body.append(table(["benchmark", "staging s (CPU / wait)", "shim register / unregister s",
+                           "shared memcpy: calls, bytes, s", "program host allocs / s; frees / s",
+                           "program registers / s; unregisters / s"], times))
         body.append("")
 
     ab = os.path.join(outdir, "ab_train_realloc.md")
