@@ -332,6 +332,9 @@ if want model; then
     ab model "$REPS" -- python3 "$PY_BENCH/model_bench.py" $Q
     # The same program from and into pinned memory: what PyTorch's own per-tensor work allows.
     plain_only model_pinned 1 -- python3 "$PY_BENCH/model_bench.py" $Q --pinned
+    # One more shim run with the event trace (raw/model_traced.trace): each tensor's copy and
+    # the gaps between them, i.e. the shim's share of the time and the framework's.
+    run_case model_traced shim 1 PINSHIM_TRACE="$RAW/model_traced.trace" -- python3 "$PY_BENCH/model_bench.py" $Q
 fi
 if want safetensors; then
     st_file=$(mktemp "$BENCH_TMP/pinshim-bench.XXXXXX.safetensors") || st_file=
@@ -383,6 +386,8 @@ if want bounce && have "$(basename "$host_copies")"; then
 fi
 if want jax; then
     ab jax "$REPS" -- python3 "$PY_BENCH/jax_bench.py" $Q
+    # Traced (raw/jax_traced.trace): where an np.asarray call's time goes beyond the shared copies.
+    run_case jax_traced shim 1 PINSHIM_TRACE="$RAW/jax_traced.trace" -- python3 "$PY_BENCH/jax_bench.py" $Q --reps 3
 fi
 
 if want ab && have gpu_train_loop; then

@@ -21,10 +21,10 @@
 #   mappings made read-only then written, a signal handler that calls malloc),
 #   STRESS_DEADLINE (seconds; no seed starts after it, and the run fails as incomplete; 0: none).
 # Long mode (STRESS_LONG=1): 1000 seeds, one parallel job per CPU, delays "20 0" (async work
-# delayed by 20 us, and run as soon as its worker gets to it), 1 of the 8 variants per seed
-# besides the run without the shim (all 8 over every 8 seeds, each under both delays), 150
+# delayed by 20 us, and run as soon as its worker gets to it), 1 of the 9 variants per seed
+# besides the run without the shim (all 9 over every 9 seeds, each under both delays), 150
 # operations per thread, 256 live blocks per thread (1024 per process), hostile operations on,
-# a two-hour deadline: 2000 runs, 1.27 million operations, about an hour on 2 busy cores (the
+# a two-hour deadline: 2000 runs, 1.27 million operations, about 35 minutes on 2 cores (the
 # runs' time is mostly the kernel's: page faults, mappings, forks); each setting above still
 # overrides.
 set -u
@@ -90,6 +90,10 @@ ALL_VARIANTS=(
     "full-4M|PINSHIM_MODE=full PINSHIM_BUDGET=4M $SMALL"
     "full-16M|PINSHIM_MODE=full PINSHIM_BUDGET=16M $SMALL"
     "full-2M-chunks|PINSHIM_MODE=full PINSHIM_STAGING_MIN=64K PINSHIM_STAGING_CHUNK=2M PINSHIM_STAGING_BUFFERS=2 PINSHIM_BOUNCE=all"
+    # The event trace written on every path (into a device node: the lines' shape is
+    # tests/check_trace.sh's to check; here, that tracing changes nothing under threads, forks and
+    # signals).
+    "full-traced|PINSHIM_MODE=full PINSHIM_TRACE=/dev/null $SMALL"
     "pin-4M|PINSHIM_MODE=pin PINSHIM_BUDGET=4M PINSHIM_MIN_SIZE=4K"
 )
 EXTRA_VARIANTS=" pin-4M "

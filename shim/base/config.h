@@ -37,6 +37,7 @@ struct shim_config {
     uint64_t log_level;           /* PINSHIM_LOG: 0 warnings only, 1 info, 2 debug */
     char report[512];             /* PINSHIM_REPORT: "" off, "1" stderr, else a path (%p, %r) */
     char stats[512];              /* PINSHIM_STATS: JSON path (%p, %r); "" off */
+    char trace[512];              /* PINSHIM_TRACE: event trace path (%p, %r); "" off */
     uint64_t checked;             /* PINSHIM_CHECKED: checksum of the variables already reported on */
 };
 

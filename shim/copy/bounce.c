@@ -21,6 +21,7 @@
 #include "copy/cpupool.h"
 #include "mem/registry.h"
 #include "stats/stats.h"
+#include "stats/trace.h"
 
 size_t bounce_threshold = SIZE_MAX;
 
@@ -39,42 +40,63 @@ static int overlap(uintptr_t a, uintptr_t b, size_t n)
     return a < b ? b - a < n : a - b < n;
 }
 
-/* 1 when the threads copied it. */
-static int share(void *dst, const void *src, size_t n)
+/* NULL when the threads copied it; else why not (for the trace). */
+static const char *share(void *dst, const void *src, size_t n)
 {
     uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
-    if (shim_busy || shim_forked_child || overlap(d, s, n))
-        return 0;
+    if (shim_busy || shim_forked_child)
+        return shim_busy ? "inside_shim" : "fork_child";
+    if (overlap(d, s, n))
+        return "overlap";
     shim_enter();
-    int done = 0, src_pinned = 0, dst_pinned = 0;
-    if (registry_copyable(s, n, PROT_READ, &src_pinned) && registry_copyable(d, n, PROT_WRITE, &dst_pinned) &&
-        (shim_cfg.bounce == BOUNCE_ALL || src_pinned || dst_pinned)) {
+    const char *why = NULL;
+    int src_pinned = 0, dst_pinned = 0;
+    if (!registry_copyable(s, n, PROT_READ, &src_pinned) || !registry_copyable(d, n, PROT_WRITE, &dst_pinned)) {
+        why = "not_known";
+    } else if (shim_cfg.bounce != BOUNCE_ALL && !src_pinned && !dst_pinned) {
+        why = "not_pinned";
+    } else {
         /* A never-touched destination (a fresh result array) is faulted in by the threads. */
         unsigned flags = CPUPOOL_TRY | CPUPOOL_FAULT_DST | CPUPOOL_FAULT_SRC |
                          (shim_cfg.streaming_stores ? CPUPOOL_STREAM : 0);
         uint64_t t0 = shim_ticks();
-        done = cpupool_copy(dst, n, src, n, n, 1, flags);
-        if (done) {
+        if (cpupool_copy(dst, n, src, n, n, 1, flags)) {
             stats_add(STAT_BOUNCE_COPIES, 1);
             stats_add(STAT_BOUNCE_BYTES, n);
             stats_add(STAT_BOUNCE_NS, shim_ns_since(t0));
             stats_add(dst_pinned ? STAT_BOUNCE_TO_PINNED : STAT_BOUNCE_FROM_PINNED, 1);
+        } else {
+            why = "threads_busy";
         }
     }
     shim_leave();
-    return done;
+    return why;
+}
+
+static void trace_copy(const char *call, uint64_t t0, void *dst, const void *src, size_t n, const char *why)
+{
+    trace_event(shim_ns_since(t0), call, "dst=%p src=%p bytes=%zu shared=%d%s%s", dst, src, n, why == NULL,
+                why ? " why=" : "", why ? why : "");
 }
 
 void *bounce_memcpy(void *dst, const void *src, size_t n)
 {
-    if (!share(dst, src, n))
+    uint64_t t0 = trace_on() ? shim_ticks() : 0;
+    const char *why = share(dst, src, n);
+    if (why)
         shim_next_memcpy(dst, src, n);
+    if (t0)
+        trace_copy("memcpy", t0, dst, src, n, why);
     return dst;
 }
 
 void *bounce_memmove(void *dst, const void *src, size_t n)
 {
-    if (!share(dst, src, n))
+    uint64_t t0 = trace_on() ? shim_ticks() : 0;
+    const char *why = share(dst, src, n);
+    if (why)
         shim_next_memmove(dst, src, n);
+    if (t0)
+        trace_copy("memmove", t0, dst, src, n, why);
     return dst;
 }

@@ -6,15 +6,22 @@
 #include "base/real.h"
 #include "base/shim.h"
 #include "stats/stats.h"
+#include "stats/trace.h"
 #include "copy/streams.h"
 
 /* The program's own pinning calls that succeeded are counted and timed: pinning is part of what
  * its transfers cost (a framework that pins a buffer per transfer pays 45-490 ms per GiB there,
  * more than the copy), and the report shows it beside the shim's own registrations. */
-static void count_pinning(enum stats_counter calls, enum stats_counter ns, uint64_t t0)
+static void count_pinning(enum stats_counter calls, enum stats_counter ns, uint64_t t0, const char *call,
+                          const void *p, size_t n)
 {
-    stats_add(ns, shim_ns_since(t0));
+    uint64_t took = shim_ns_since(t0);
+    stats_add(ns, took);
     stats_add(calls, 1);
+    if (trace_on() && n)
+        trace_event(took, call, "addr=%p bytes=%zu", p, n);
+    else if (trace_on())
+        trace_event(took, call, "addr=%p", p);
 }
 
 CUresult on_host_register(enum hook_id id, void *p, size_t n, unsigned int flags)
@@ -23,7 +30,7 @@ CUresult on_host_register(enum hook_id id, void *p, size_t n, unsigned int flags
     uint64_t t0 = shim_ticks();
     CUresult r = registry_program_register(p, n, flags, (PFN_cuMemHostRegister_v6050)real_hook[id]);
     if (r == CUDA_SUCCESS) {
-        count_pinning(STAT_PROGRAM_REGISTERS, STAT_PROGRAM_REGISTER_NS, t0);
+        count_pinning(STAT_PROGRAM_REGISTERS, STAT_PROGRAM_REGISTER_NS, t0, "program_register", p, n);
         stats_add(STAT_PROGRAM_REGISTERED_BYTES, n);
     }
     return r;
@@ -36,7 +43,7 @@ CUresult on_host_unregister(enum hook_id id, void *p)
     uint64_t t0 = shim_ticks();
     CUresult r = registry_program_unregister(p, (PFN_cuMemHostUnregister_v4000)real_hook[id]);
     if (r == CUDA_SUCCESS)
-        count_pinning(STAT_PROGRAM_UNREGISTERS, STAT_PROGRAM_UNREGISTER_NS, t0);
+        count_pinning(STAT_PROGRAM_UNREGISTERS, STAT_PROGRAM_UNREGISTER_NS, t0, "program_unregister", p, 0);
     return r;
 }
 
@@ -44,7 +51,7 @@ static void host_allocated(CUresult r, void **pp, size_t n, uint64_t t0)
 {
     if (r != CUDA_SUCCESS || !pp || !*pp)
         return;
-    count_pinning(STAT_PROGRAM_HOST_ALLOCS, STAT_PROGRAM_HOST_ALLOC_NS, t0);
+    count_pinning(STAT_PROGRAM_HOST_ALLOCS, STAT_PROGRAM_HOST_ALLOC_NS, t0, "program_host_alloc", *pp, n);
     stats_add(STAT_PROGRAM_HOST_ALLOC_BYTES, n);
     registry_program_allocated((uintptr_t)*pp, n);
 }
@@ -72,7 +79,7 @@ CUresult on_free_host(enum hook_id id, void *p)
     uint64_t t0 = shim_ticks();
     CUresult r = ((PFN_cuMemFreeHost_v2000)real_hook[id])(p);
     if (r == CUDA_SUCCESS) {
-        count_pinning(STAT_PROGRAM_HOST_FREES, STAT_PROGRAM_HOST_FREE_NS, t0);
+        count_pinning(STAT_PROGRAM_HOST_FREES, STAT_PROGRAM_HOST_FREE_NS, t0, "program_host_free", p, 0);
         registry_program_freed((uintptr_t)p);
     }
     return r;

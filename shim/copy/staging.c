@@ -33,6 +33,7 @@
 #include "copy/cpupool.h"
 #include "copy/staging.h"
 #include "stats/stats.h"
+#include "stats/trace.h"
 #include "copy/streams.h"
 
 #define MAX_LANES 8
@@ -108,6 +109,7 @@ static int lane_build(struct lane *l, CUcontext ctx)
      * process waits for this (staging_ready), and 48 MiB of 4 KiB pages touched one by one took
      * about 30 ms on the H200's host.  Resident before registering: registering resident pages
      * costs 8 times less than faulting them in. */
+    uint64_t t0 = shim_ticks();
     l->mem = os_map_aligned(l->len, SHIM_HUGE_PAGE, 0);
     if (!l->mem) {
         registry_unreserve(l->len);
@@ -119,6 +121,9 @@ static int lane_build(struct lane *l, CUcontext ctx)
             ((volatile char *)l->mem)[off] = 0;   /* a kernel before 5.14 */
     CUresult r = ((register_fn)real_hook[HOOK_cuMemHostRegister_v2])(l->mem, l->len,
                                                                       CU_MEMHOSTREGISTER_PORTABLE);
+    if (trace_on())
+        trace_event(shim_ns_since(t0), "staging_buffers", "bytes=%zu buffers=%u ok=%d", l->len, l->nbuf,
+                    r == CUDA_SUCCESS);
     if (r != CUDA_SUCCESS) {
         if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED)
             __atomic_store_n(&register_unusable, 1, __ATOMIC_RELAXED);

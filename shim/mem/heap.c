@@ -11,6 +11,7 @@
 #include "mem/arena.h"
 #include "mem/heap.h"
 #include "mem/registry.h"
+#include "stats/trace.h"
 
 size_t heap_track_min = SIZE_MAX;
 
@@ -82,6 +83,7 @@ static void *huge_alloc(size_t n, size_t align, int zero)
         errno = ENOMEM;
         return NULL;
     }
+    uint64_t t0 = trace_on() ? shim_ticks() : 0;
     size_t map_len = page_up(n + (align > SHIM_PAGE_SIZE ? align : 0));
     size_t reused_len = 0;
     void *map = (void *)reuse_retained(map_len, &reused_len);
@@ -103,6 +105,9 @@ static void *huge_alloc(size_t n, size_t align, int zero)
         errno = ENOMEM;
         return NULL;
     }
+    if (t0)
+        trace_event(shim_ns_since(t0), "heap_alloc", "addr=%#lx bytes=%zu mapping=%zu reused=%d zeroed=%d",
+                    (unsigned long)base, n, map_len, reused_len != 0, zero);
     return (void *)base;
 }
 
@@ -176,11 +181,19 @@ static int free_now(uintptr_t a)
     }
     if (arena_contains(a))
         return 1;   /* not a live block's start: the program's double or stray free; ignored */
+    uint64_t t0 = trace_on() ? shim_ticks() : 0;
     enum registry_free_result res = registry_free(a, NULL, &map, &map_len, &warm);
-    if (res != REG_FREE_UNMAP)
+    if (res != REG_FREE_UNMAP) {
+        if (t0 && res == REG_FREE_DONE)
+            trace_event(shim_ns_since(t0), "heap_free", "addr=%#lx kept=cache", (unsigned long)a);
         return res == REG_FREE_DONE;
-    if (!retain(map, map_len, warm))
+    }
+    int kept = retain(map, map_len, warm);
+    if (!kept)
         os_unmap((void *)map, map_len);
+    if (t0)
+        trace_event(shim_ns_since(t0), "heap_free", "addr=%#lx mapping=%zu kept=%s", (unsigned long)a, map_len,
+                    kept ? (warm ? "warm" : "retained") : "unmapped");
     return 1;
 }
 

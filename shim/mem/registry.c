@@ -30,6 +30,7 @@
 #include "mem/nodebudget.h"
 #include "mem/registry.h"
 #include "stats/stats.h"
+#include "stats/trace.h"
 
 enum block_origin {
     ORIGIN_ARENA,   /* a heap block of the arena */
@@ -460,7 +461,10 @@ static void unregister_range(uintptr_t base, size_t len, CUcontext ctx, int asyn
     nvtx_pop();
     if (r != CUDA_SUCCESS)
         shim_log_once(LOG_INFO, "unregister of a promoted block failed (error %d)", (int)r);
-    stats_add(STAT_UNREGISTER_NS, shim_now_ns() - t0);
+    uint64_t took = shim_now_ns() - t0;
+    stats_add(STAT_UNREGISTER_NS, took);
+    if (trace_on())
+        trace_event(took, "unregister", "addr=%#lx bytes=%zu ok=%d", (unsigned long)base, len, r == CUDA_SUCCESS);
     update_registered(-(int64_t)len);
     nodebudget_release(len);
 }
@@ -810,7 +814,11 @@ static int promote(struct block *b, int background)
         CUresult r = register_range(base, len, flags);
         restore_capture(saved_mode);
         nvtx_pop();
-        stats_add(STAT_REGISTER_NS, shim_now_ns() - t0);
+        uint64_t took = shim_now_ns() - t0;
+        stats_add(STAT_REGISTER_NS, took);
+        if (trace_on())
+            trace_event(took, "register", "addr=%#lx bytes=%zu background=%d ok=%d", (unsigned long)base, len,
+                        background, r == CUDA_SUCCESS);
         pthread_mutex_lock(&mu);
         if (r == CUDA_SUCCESS) {
             b->state = BLOCK_PROMOTED;

@@ -7,6 +7,7 @@
  * format into a fixed buffer and write(2) it, so producing the output allocates nothing. */
 #define _GNU_SOURCE
 #include "stats/stats.h"
+#include "stats/trace.h"
 #include "base/config.h"
 #include "base/os.h"
 #include "base/hooks.h"
@@ -253,6 +254,9 @@ void stats_record_copy(const struct copy_record *r)
     unsigned h = stats_hist_index(r->bytes);
     shard_add(sh, &sh->hist[h].count, 1);
     shard_add(sh, &sh->hist[h].bytes, r->bytes);
+    if (trace_on() && r->timed && r->bytes >= STATS_TIME_ALL_MIN)
+        trace_event(r->ns, "copy", "dir=%s bytes=%zu path=%s async=%d", dir_names[r->dir], r->bytes,
+                    kind_names[r->kind], r->is_async);
 }
 
 void stats_add(enum stats_counter c, uint64_t delta)

@@ -13,6 +13,7 @@
 #include "mem/nodebudget.h"
 #include "mem/registry.h"
 #include "stats/stats.h"
+#include "stats/trace.h"
 
 /* Every lock the child needs, taken in the order the shim takes them at run time. */
 static void before_fork(void)
@@ -75,6 +76,7 @@ void shim_init(void)
     stats_set_tracking_reader(read_tracking);
     real_libc_resolve();
     config_load(NULL);
+    trace_open();
     heap_init();
     bounce_init();
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
