@@ -52,7 +52,7 @@ SHIM_HDRS  := $(wildcard shim/*/*.h shim/*/*.def)
 # Only the sources that use the version macros are rebuilt when the commit changes.
 VERSION_USERS := $(patsubst shim/%.c,$(BUILD)/obj/%.o,$(shell grep -l 'PINSHIM_VERSION_STRING\|PINSHIM_COMMIT_STRING' $(SHIM_SRCS)))
 SETTINGS_TOOL := $(BUILD)/pinshim-settings
-SETTINGS_OBJS := $(BUILD)/obj/base/config.o $(BUILD)/obj/base/log.o $(BUILD)/obj/base/libc_string.o
+SETTINGS_OBJS := $(BUILD)/obj/base/config.o $(BUILD)/obj/base/log.o $(BUILD)/obj/base/os.o $(BUILD)/obj/base/libc_string.o
 
 FAKE_SRCS  := $(wildcard tests/fakecuda/*.c)
 FAKE_HDRS  := $(wildcard tests/fakecuda/*.h)

@@ -19,6 +19,7 @@
  *    wrapper printed them already, once for the whole command. */
 #include "base/config.h"
 #include "base/log.h"
+#include "base/os.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -598,17 +599,6 @@ int config_check(const char *name, const char *value, char *why, size_t whysz)
 
 /* ---- the table for the README check ---- */
 
-static void write_all(int fd, const char *buf, size_t len)
-{
-    while (len) {
-        ssize_t n = write(fd, buf, len);
-        if (n < 0)
-            return;
-        buf += n;
-        len -= (size_t)n;
-    }
-}
-
 void config_print_table(int fd)
 {
     for (size_t i = 0; i < SETTING_COUNT; i++) {
@@ -619,7 +609,7 @@ void config_print_table(int fd)
                          *s->default_text ? s->default_text : "\"\"", range, s->unit,
                          s->description);
         if (n > 0)
-            write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+            os_write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
     }
 }
 

@@ -2,6 +2,7 @@
  * from several threads or processes do not interleave. */
 #include "base/log.h"
 #include "base/config.h"
+#include "base/os.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -43,16 +44,6 @@ void shim_log(int level, const char *fmt, ...)
             line[i] = ' ';
     line[len++] = '\n';
 
-    int fd = __atomic_load_n(&log_fd, __ATOMIC_RELAXED);
-    const char *p = line;
-    while (len) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        p += n;
-        len -= (size_t)n;
-    }
+    os_write_all(__atomic_load_n(&log_fd, __ATOMIC_RELAXED), line, len);
     errno = saved_errno;
 }

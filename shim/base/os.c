@@ -91,3 +91,22 @@ size_t os_resident_bytes(uintptr_t p, size_t n)
     }
     return resident < n ? resident : n;
 }
+
+int os_write_all(int fd, const void *p, size_t len)
+{
+    int saved_errno = errno, err = 0;
+    const char *c = p;
+    while (len) {
+        ssize_t n = write(fd, c, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            err = n < 0 ? errno : EIO;
+            break;
+        }
+        c += n;
+        len -= (size_t)n;
+    }
+    errno = saved_errno;
+    return err;
+}

@@ -34,5 +34,8 @@ int os_mprotect(void *p, size_t len, int prot);
 int os_range_mapped(uintptr_t p, size_t n);
 /* Bytes of [p, p+n) whose pages are resident (mincore); n when the kernel cannot tell. */
 size_t os_resident_bytes(uintptr_t p, size_t n);
+/* All of [p, p+len) to fd, retrying interrupted and short writes; 0, or the errno that stopped
+ * it (EIO for a write that took nothing).  errno is left as it was. */
+int os_write_all(int fd, const void *p, size_t len);
 
 #endif

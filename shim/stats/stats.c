@@ -714,18 +714,8 @@ struct out {
 
 static void out_flush(struct out *o)
 {
-    const char *p = o->buf;
-    while (o->len && !o->error) {
-        ssize_t n = write(o->fd, p, o->len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            o->error = n < 0 ? errno : EIO;
-            break;
-        }
-        p += n;
-        o->len -= (size_t)n;
-    }
+    if (o->len && !o->error)
+        o->error = os_write_all(o->fd, o->buf, o->len);
     o->len = 0;
 }
 

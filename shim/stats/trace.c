@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include "base/config.h"
 #include "base/log.h"
+#include "base/os.h"
 #include "stats/trace.h"
 
 #define TRACE_FD_MIN 800
@@ -92,15 +93,6 @@ void trace_event(uint64_t dur, const char *event, const char *fmt, ...)
     if (len > room - 1)
         len = room - 1;
     line[len++] = '\n';
-    const char *p = line;
-    while (len) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            break;
-        p += w;
-        len -= (size_t)w;
-    }
+    os_write_all(fd, line, len);
     errno = saved_errno;
 }
