@@ -20,9 +20,11 @@
  *   --mode bounce     what a framework does when it copies through its own pinned buffers: a
  *                     CPU memcpy of --size (512M) from resident malloc memory into
  *                     cudaMallocHost memory (to_pinned), back (from_pinned), and from pinned
- *                     memory into a never-touched destination, a fresh malloc (from_pinned_malloc)
- *                     or mmap (from_pinned_mmap) each time; --reps (10) timed copies each, of
- *                     the memcpy alone (the allocation and its release are not timed)
+ *                     memory into a destination allocated afresh each time: malloc
+ *                     (from_pinned_malloc; never touched without the shim, whose heap gives the
+ *                     next one the resident pages of the one freed before) or mmap
+ *                     (from_pinned_mmap, never touched); --reps (10) timed copies each, of the
+ *                     memcpy alone (the allocation and its release are not timed)
  * --quick: small sizes and counts (a smoke run).
  * Exit status: 0 ok, 1 data mismatch, 2 CUDA error, 3 bad usage or out of memory. */
 #ifndef PINSHIM_BENCH_HOST_COPIES_H

@@ -41,7 +41,7 @@ TARGETS = {
     "jax_get_gbps": 10.0,         # np.asarray(jax_array) of 512 MiB, GB/s with shim
     "cupy_asarray_gbps": 20.0,    # cupy.asarray of 512 MiB, GB/s with shim
     "bounce_pinned_gbps": 30.0,   # CPU memcpy of 512 MiB into cudaMallocHost memory
-    "bounce_fresh_gbps": 15.0,    # ... from pinned memory into never-touched memory
+    "bounce_fresh_gbps": 15.0,    # ... from pinned memory into a destination allocated afresh
     "memcpy_added_ns": 1.0,       # one 64-byte memcpy/memmove: ns added by the shim
     "heap_time_ratio": 1.2,       # malloc+touch+free loops: ns with shim / glibc, every cell
     "heap_fault_ratio": 2.0,      # ... page faults with shim / glibc (or +1 per pair below 1)
@@ -944,7 +944,7 @@ def main(argv):
         rows = []
         for op, what, target in (("to_pinned", "malloc (resident) -> pinned", "bounce_pinned_gbps"),
                                  ("from_pinned", "pinned -> malloc (resident)", None),
-                                 ("from_pinned_malloc", "pinned -> fresh malloc (never touched)", "bounce_fresh_gbps"),
+                                 ("from_pinned_malloc", "pinned -> a new malloc each time", "bounce_fresh_gbps"),
                                  ("from_pinned_mmap", "pinned -> fresh mmap (never touched)", "bounce_fresh_gbps")):
             a, b = d.med("bounce", "plain", "gbps", op=op), d.med("bounce", "shim", "gbps", op=op)
             rows.append([what, f2(a), f2(b), f2(ratio(b, a), "x")])

@@ -56,6 +56,9 @@ static const char *share(void *dst, const void *src, size_t n)
     } else if (shim_cfg.bounce != BOUNCE_ALL && !src_pinned && !dst_pinned) {
         why = "not_pinned";
     } else {
+        /* A result array filled here is kept resident when freed, for the next one. */
+        if (!dst_pinned)
+            registry_note_filled(d, n);
         /* A never-touched destination (a fresh result array) is faulted in by the threads. */
         unsigned flags = CPUPOOL_TRY | CPUPOOL_FAULT_DST | CPUPOOL_FAULT_SRC |
                          (shim_cfg.streaming_stores ? CPUPOOL_STREAM : 0);

@@ -23,9 +23,11 @@ void heap_init(void)
 /* ---- huge blocks: a mapping each ----
  * Freed huge mappings are kept for reuse, as the C library keeps freed memory, within bounds:
  * "warm" ones, which carried a transfer of most of their bytes (a batch or tensor that a
- * framework allocates afresh every step), within a quarter of the budget, so that the next
- * allocation of that size gets resident pages, which the copy path can promote at the lowest
- * cost on its first copy; others up to RETAIN_MAX_TOTAL in all. */
+ * framework allocates afresh every step) or were mostly filled by the program's large memcpy
+ * out of pinned memory (a result array a library allocates afresh for every copy), within a
+ * quarter of the budget, so that the next allocation of that size gets resident pages: the copy
+ * path can promote them at the lowest cost, a copy into them faults nothing, and their free
+ * costs no munmap; others up to RETAIN_MAX_TOTAL in all. */
 #define RETAIN_MAX_TOTAL (256ul << 20)
 #define RETAIN_SLOTS 16
 

@@ -62,6 +62,7 @@ struct block {
     /* hotness, for the cost model */
     uint64_t copies;
     uint64_t bytes_moved;
+    uint64_t bytes_filled;    /* written by the program's large memcpy/memmove (a result array) */
     uintptr_t copied_lo, copied_hi;   /* the addresses its copies touched, lowest to highest */
     uint64_t last_use_ns;
     unsigned inflight;        /* copies holding its registration now */
@@ -1284,12 +1285,26 @@ int registry_track_huge(uintptr_t base, size_t size, uintptr_t map, size_t map_l
 }
 
 /* A freed pageable block that carried a transfer of most of its bytes: the pattern of a step
- * buffer or a tensor that a framework allocates afresh every step. */
+ * buffer or a tensor that a framework allocates afresh every step; or that the program's large
+ * memcpy/memmove calls filled (registry_note_filled): a result array that a library allocates
+ * afresh for every copy out of its pinned buffer. */
 static int worth_keeping_warm(const struct block *b)
 {
-    return b->origin == ORIGIN_HUGE && b->state == BLOCK_PAGEABLE && !b->no_promote &&
-           b->bytes_moved >= b->map_len / 2 && b->map_len <= shim_cfg.budget &&
-           __atomic_load_n(&promotion_state, __ATOMIC_RELAXED) > 0;
+    if (b->origin != ORIGIN_HUGE || b->state != BLOCK_PAGEABLE || b->no_promote || b->map_len > shim_cfg.budget)
+        return 0;
+    return b->bytes_filled >= b->map_len / 2 ||
+           (b->bytes_moved >= b->map_len / 2 && __atomic_load_n(&promotion_state, __ATOMIC_RELAXED) > 0);
+}
+
+void registry_note_filled(uintptr_t p, size_t n)
+{
+    if (!index_may_contain(p))
+        return;
+    pthread_mutex_lock(&mu);
+    struct block *b = lookup(p, 0);
+    if (b && b->origin == ORIGIN_HUGE && !b->dead)
+        b->bytes_filled += n;
+    pthread_mutex_unlock(&mu);
 }
 
 /* free() of pageable block b, which may have carried a transfer (mu held). */

@@ -74,12 +74,15 @@ enum registry_free_result {
     REG_FREE_UNMAP,        /* a huge block: *map, *map_len are the caller's to reuse or unmap */
 };
 /* free() of a tracked arena block (slot) or of a huge block (slot NULL) at p.  *warm: it carried
- * a transfer of most of its bytes (see heap.c). */
+ * a transfer of most of its bytes, or the program's copies filled most of it (see heap.c). */
 enum registry_free_result registry_free(uintptr_t p, struct arena_slot *slot, uintptr_t *map,
                                         size_t *map_len, int *warm);
 /* An allocation of n bytes, aligned to align: a block from the pinned cache, registered and
  * resident, now the program's; NULL when none fits. */
 void *registry_cache_take(size_t n, size_t align);
+/* The program's memcpy/memmove wrote [p, p+n): a huge block mostly filled so is kept resident
+ * once freed, for the next allocation of its size (see heap.c). */
+void registry_note_filled(uintptr_t p, size_t n);
 /* Usable bytes of the huge block at p, or (size_t)-1 when p is not one. */
 size_t registry_huge_usable(uintptr_t p);
 /* realloc of the huge block at p to n bytes in place: 1 done, 0 it must move (*old_size set),
