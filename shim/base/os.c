@@ -61,6 +61,21 @@ int os_madvise(void *p, size_t len, int advice)
     return (int)syscall(SYS_madvise, p, len, advice);
 }
 
+int os_populate(void *p, size_t len, int advice)
+{
+    uintptr_t a = page_down((uintptr_t)p), end = page_up((uintptr_t)p + len);
+    while (a < end) {
+        /* Pieces end on piece boundaries, so that a huge page is faulted by one call. */
+        uintptr_t next = (a & ~(uintptr_t)(OS_POPULATE_PIECE - 1)) + OS_POPULATE_PIECE;
+        if (next > end)
+            next = end;
+        if (syscall(SYS_madvise, (void *)a, next - a, advice) != 0)
+            return -1;
+        a = next;
+    }
+    return 0;
+}
+
 int os_mprotect(void *p, size_t len, int prot)
 {
     return (int)syscall(SYS_mprotect, p, len, prot);

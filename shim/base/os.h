@@ -30,6 +30,13 @@ void *os_map_shared(size_t len, int fd);
 int os_unmap(void *p, size_t len);
 int os_madvise(void *p, size_t len, int advice);
 int os_mprotect(void *p, size_t len, int prot);
+/* Fault in [p, p+len) (advice MADV_POPULATE_READ or _WRITE) a piece of OS_POPULATE_PIECE bytes
+ * per call: the kernel holds the process's mapping lock for the whole of one call, so that any
+ * thread's mmap, munmap or mprotect (a thread's stack, the program's malloc) waited for all 48 MiB
+ * of the staging buffers (130 ms on a slow host); between pieces it gets in.  0, or -1 with
+ * errno (EINVAL: a kernel before 5.14). */
+#define OS_POPULATE_PIECE (2ul << 20)
+int os_populate(void *p, size_t len, int advice);
 /* 1 when every page of [p, p+n) is mapped (any protection). */
 int os_range_mapped(uintptr_t p, size_t n);
 /* Bytes of [p, p+n) whose pages are resident (mincore); n when the kernel cannot tell. */

@@ -189,7 +189,7 @@ static void populate(const char *p, size_t n, int advice)
     uintptr_t start = page_down((uintptr_t)p), end = page_up((uintptr_t)p + n);
     if (os_resident_bytes(start, SHIM_PAGE_SIZE) != 0)
         return;
-    if (os_madvise((void *)start, end - start, advice) != 0 && errno == EINVAL)
+    if (os_populate((void *)start, end - start, advice) != 0 && errno == EINVAL)
         __atomic_store_n(&populate_broken, 1, __ATOMIC_RELAXED);
 }
 

@@ -116,7 +116,7 @@ static int lane_build(struct lane *l, CUcontext ctx)
         return -1;
     }
     os_madvise(l->mem, l->len, MADV_HUGEPAGE);
-    if (os_madvise(l->mem, l->len, MADV_POPULATE_WRITE) != 0)
+    if (os_populate(l->mem, l->len, MADV_POPULATE_WRITE) != 0)
         for (size_t off = 0; off < l->len; off += SHIM_PAGE_SIZE)
             ((volatile char *)l->mem)[off] = 0;   /* a kernel before 5.14 */
     CUresult r = ((register_fn)real_hook[HOOK_cuMemHostRegister_v2])(l->mem, l->len,

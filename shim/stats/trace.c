@@ -85,6 +85,8 @@ void trace_event(uint64_t dur, const char *event, const char *fmt, ...)
                      (unsigned long long)(dur % 1000ull), (int)getpid(), (int)syscall(SYS_gettid), event);
     if (n < 0)
         n = 0;
+    if ((size_t)n >= room)
+        n = (int)room - 1;   /* the header alone filled the line (it cannot, with the shim's names) */
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(line + n, room - (size_t)n, fmt, ap);
