@@ -342,6 +342,10 @@ if want safetensors; then
         >"$RAW/safetensors.write.txt" 2>&1; then
         log "safetensors: $(tail -n 1 "$RAW/safetensors.write.txt")"
         ab safetensors "$REPS" -- python3 "$PY_BENCH/safetensors_bench.py" load --path "$st_file" --reps "$ST_REPS"
+        # Traced (raw/safetensors_traced.trace): which path load_file(device="cuda") takes (the
+        # program's own pinning, memcpy calls, the copies), on a timeline.
+        run_case safetensors_traced shim 1 PINSHIM_TRACE="$RAW/safetensors_traced.trace" -- \
+            python3 "$PY_BENCH/safetensors_bench.py" load --path "$st_file" --reps 1
     else
         log "safetensors: could not write the checkpoint in $BENCH_TMP (see raw/safetensors.write.txt)"
     fi
