@@ -374,6 +374,46 @@ def shim_effect_rows(d, merge):
     return rows
 
 
+def trace_rows(raw):
+    """Rows of every raw/*.trace (PINSHIM_TRACE runs): per event kind, and per copy direction, path
+    and why, the count, bytes and summed duration, so a traced run's time is read by kind."""
+    rows = []
+    for name in sorted(os.listdir(raw)) if os.path.isdir(raw) else []:
+        if not name.endswith(".trace"):
+            continue
+        groups = {}
+        try:
+            with open(os.path.join(raw, name), encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) < 5:
+                        continue
+                    fields = dict(kv.split("=", 1) for kv in parts[5:] if "=" in kv)
+                    ev = parts[4]
+                    if ev == "copy":
+                        key = f"copy {fields.get('dir', '?')} {fields.get('path', '?')} why={fields.get('why', '?')}"
+                    elif ev in ("memcpy", "memmove"):
+                        key = f"{ev} " + ("shared" if fields.get("shared") == "1" else f"why={fields.get('why', '?')}")
+                    elif ev in ("heap_alloc", "heap_free"):
+                        key = ev + (f" reused={fields.get('reused')}" if ev == "heap_alloc" else f" kept={fields.get('kept')}")
+                    else:
+                        key = ev
+                    g = groups.setdefault(key, [0, 0, 0.0])
+                    g[0] += 1
+                    try:
+                        g[1] += int(fields.get("bytes", fields.get("mapping", 0)))
+                        g[2] += float(parts[1]) / 1e6
+                    except ValueError:
+                        pass
+        except OSError:
+            continue
+        for key in sorted(groups, key=lambda k: -groups[k][2]):
+            n, b, sec = groups[key]
+            rows.append([name[:-len(".trace")], key, str(n), f"{b / 2**30:.2f} GiB", f"{sec:.3f}",
+                         f"{b / sec / 1e9:.1f}" if sec > 0 and b else "-"])
+    return rows
+
+
 def shim_time_rows(d, merge):
     """Where time went in the middle shim run of each benchmark: the shim's staging (its CPU copies
     and its waits for a buffer), its own registrations, the copies its threads shared, and the
@@ -1013,6 +1053,17 @@ def main(argv):
         body.append(table(["benchmark", "staging s (CPU / wait)", "shim register / unregister s",
                            "shared memcpy: calls, bytes, s", "program host allocs / s; frees / s",
                            "program registers / s; unregisters / s"], times))
+        body.append("")
+
+    traced = trace_rows(d.raw)
+    if traced:
+        body.append("## Traced runs (PINSHIM_TRACE): events by kind")
+        body.append("")
+        body.append("Each traced run's lines grouped by event (copies by direction, path and why; memcpy calls "
+                    "shared or why not), slowest group first: count, bytes, summed duration (threads "
+                    "overlap, so a sum may exceed the run's time) and bytes over that duration.")
+        body.append("")
+        body.append(table(["run", "event", "count", "bytes", "seconds", "GB/s"], traced))
         body.append("")
 
     ab = os.path.join(outdir, "ab_train_realloc.md")

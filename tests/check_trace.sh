@@ -4,7 +4,9 @@
 #   - the program's own pinning calls each have their line (test_many_program_pins: 5,000
 #     registrations and unregistrations, 6 host allocations and frees);
 #   - the copies of 1 MiB and more, and the memcpy/memmove calls the copy threads shared, have a
-#     line each, as many as the statistics count (drv_host_copies, fresh and bounce modes);
+#     line each, as many as the statistics count (drv_host_copies, fresh and bounce modes); each
+#     copy line says why its path, in one of the words the README lists, the cost model's among
+#     them;
 #   - a program that closes every descriptor it did not open and reuses the numbers for files of
 #     its own gets no line in them (hostile_close_fds checks its files);
 #   - a path through a symbolic link writes into its target and leaves the link; a path that
@@ -33,6 +35,7 @@ check() {
     python3 - "$@" <<'PY'
 import json, re, sys
 trace, stats_path, *want = sys.argv[1:]
+readme = open("README.md").read()
 shape = re.compile(r"^\d+\.\d{6} \d+\.\d{3} \d+ \d+ [a-z_]+( [a-z_]+=\S+)*$")
 lines = open(trace).read().splitlines()
 bad = [l for l in lines if not shape.match(l)]
@@ -50,6 +53,14 @@ for w in want:
         got = len(events.get("copy", []))
         if n == 0 or got != n:
             problems.append(f"{got} copy lines, the statistics count {n} copies of 1 MiB and more")
+        # Each says why its path, in the words the README lists.
+        words = set(re.findall(r"`([a-z_]+)`", readme.split("why that path:", 1)[1].split("), large", 1)[0]))
+        unknown = sorted({e.get("why", "(none)") for e in events.get("copy", [])} - words)
+        if unknown:
+            problems.append(f"copy lines whose why is not one the README lists: {unknown}")
+        whys = {e.get("why") for e in events.get("copy", [])}
+        if not whys & {"gain", "reused", "one_shot"}:
+            problems.append(f"no copy line gives the cost model's reason (whys: {sorted(whys)})")
     elif w == "bounce":
         n = stats["bounce"]["count"]
         got = sum(1 for k in ("memcpy", "memmove") for e in events.get(k, []) if e.get("shared") == "1")

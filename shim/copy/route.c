@@ -85,7 +85,7 @@ static inline uint64_t copy_clock_start(size_t bytes)
 }
 
 /* t0: copy_clock_start() when the copy began. */
-static void record(const struct copy_desc *d, enum mem_kind kind, uint64_t t0)
+static void record(const struct copy_desc *d, enum mem_kind kind, uint64_t t0, const char *why)
 {
     struct copy_record r = {
         .dir = d->dir,
@@ -96,6 +96,7 @@ static void record(const struct copy_desc *d, enum mem_kind kind, uint64_t t0)
         .is_async = d->is_async,
         .host_blocked = !d->is_async || kind == MEM_PAGEABLE || kind == MEM_STAGED ||
                         (kind == MEM_PROMOTED && !shim_cfg.trust_async),
+        .why = why,
     };
     if (d->peer)
         stats_add(STAT_PEER_COPIES, 1);
@@ -194,7 +195,8 @@ static CUresult route(const struct copy_desc *d)
     uint64_t t0 = copy_clock_start(d->bytes);
     if (d->dir == DIR_D2D || d->dir == DIR_H2H || !d->host_extent) {
         CUresult r = d->original(d);
-        record(d, d->dir == DIR_D2D ? MEM_DEVICE : MEM_PAGEABLE, t0);
+        record(d, d->dir == DIR_D2D ? MEM_DEVICE : MEM_PAGEABLE, t0,
+               d->dir == DIR_D2D ? "device_only" : d->dir == DIR_H2H ? "host_only" : "no_host_side");
         return r;
     }
     int capturing = capture_active();
@@ -243,7 +245,7 @@ static CUresult route(const struct copy_desc *d)
             keep_pageable_semantics(&held, d->stream, d->flavour);
     }
     registry_copy_end(&held, 0);
-    record(d, kind, t0);
+    record(d, kind, t0, acting ? held.why : capturing ? "capturing" : "observe_mode");
     return r;
 }
 

@@ -44,17 +44,17 @@ enum cost_verdict {
 };
 
 /* Why, for the statistics and the log. */
-#define COST_REASONS(X)                                                                   \
-    X(GAIN, "registering pays for itself over the copies expected")                        \
-    X(GAIN_TOO_SMALL, "the expected saving does not pay for registering")                   \
-    X(ONE_SHOT, "no byte of the block copied twice yet: staged, not registered")            \
-    X(REUSED, "bytes of the block copied again: registered in the background")              \
-    X(LARGER_THAN_BUDGET, "the block is larger than the budget")                            \
-    X(READ_ONLY, "read-only pages, and the device cannot register them for this direction") \
-    X(NO_RATES, "no rates to judge by")
+#define COST_REASONS(X)                                                                               \
+    X(GAIN, "gain", "registering pays for itself over the copies expected")                            \
+    X(GAIN_TOO_SMALL, "gain_too_small", "the expected saving does not pay for registering")             \
+    X(ONE_SHOT, "one_shot", "no byte of the block copied twice yet: staged, not registered")            \
+    X(REUSED, "reused", "bytes of the block copied again: registered in the background")                \
+    X(LARGER_THAN_BUDGET, "larger_than_budget", "the block is larger than the budget")                  \
+    X(READ_ONLY, "read_only", "read-only pages, and the device cannot register them for this direction") \
+    X(NO_RATES, "no_rates", "no rates to judge by")
 
 enum cost_reason {
-#define COST_REASON_ENUM_(name, text) COST_##name,
+#define COST_REASON_ENUM_(name, key, text) COST_##name,
     COST_REASONS(COST_REASON_ENUM_)
 #undef COST_REASON_ENUM_
     COST_REASON_COUNT
@@ -72,5 +72,7 @@ struct cost_decision cost_decide(const struct cost_inputs *in, const struct cost
 double cost_register_us(size_t block_bytes, size_t resident_bytes, const struct cost_rates *rates);
 
 const char *cost_reason_text(enum cost_reason r);
+/* The same as one word (the event trace's why=). */
+const char *cost_reason_key(enum cost_reason r);
 
 #endif

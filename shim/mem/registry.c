@@ -1039,13 +1039,17 @@ static void note_use(struct block *b, uintptr_t p, size_t n)
 
 /* A copy of n bytes in direction dir touches pageable block b: what the cost model says.
  * mu held. */
-static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, int stageable)
+static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, int stageable, const char **why)
 {
-    if (b->no_promote || b->changing || b->state != BLOCK_PAGEABLE || b->bg_queued)
+    if (b->no_promote || b->changing || b->state != BLOCK_PAGEABLE || b->bg_queued) {
+        *why = b->no_promote ? "not_registrable" : "registration_changing";
         return stageable ? COST_STAGE : COST_LEAVE;
+    }
     /* Promotion switched off for good (or not decided yet: registry_copy_begin asks first). */
-    if (__atomic_load_n(&promotion_state, __ATOMIC_ACQUIRE) <= 0)
+    if (__atomic_load_n(&promotion_state, __ATOMIC_ACQUIRE) <= 0) {
+        *why = "promotion_off";
         return stageable ? COST_STAGE : COST_LEAVE;
+    }
     if (!b->copy_ctx)
         drv.cuCtxGetCurrent(&b->copy_ctx);
     struct cost_rates rates = current_rates();
@@ -1068,6 +1072,7 @@ static enum cost_verdict decide(struct block *b, enum copy_dir dir, size_t n, in
         stats_add(STAT_PROMOTIONS_DECLINED, 1);
     if (d.verdict == COST_STAGE && d.reason == COST_ONE_SHOT)
         stats_add(STAT_STAGED_ONE_SHOT, 1);
+    *why = cost_reason_key(d.reason);
     return d.verdict;
 }
 
@@ -1077,8 +1082,10 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
     hold->b = NULL;
     hold->pageable = NULL;
     hold->unsettled = 0;
+    hold->why = "program_pinned";
     if (registry_program_pinned(p, n))
         return MEM_PINNED;
+    hold->why = "not_tracked";
     if (!arena_contains(p) && !index_may_contain(p))
         return MEM_PAGEABLE;
     /* Decided once a context exists, before mu (it takes change_mu): whether registering is
@@ -1099,6 +1106,7 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
             pthread_mutex_unlock(&mu);
             stats_add(STAT_STAGED_WHILE_REGISTERING, 1);
             hold->unsettled = 1;
+            hold->why = "registering_in_background";
             return MEM_PAGEABLE;
         }
         wait_settled(b);
@@ -1117,6 +1125,7 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
     }
     if (b->state == BLOCK_PROMOTED && (p < b->reg_base || p + n > b->reg_base + b->reg_len)) {
         /* Partly outside its registration: the driver's pageable path, held like one. */
+        hold->why = "outside_registration";
         b->pageable_users++;
         hold->pageable = b;
         pthread_mutex_unlock(&mu);
@@ -1128,11 +1137,13 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
         b->inflight++;
         pthread_mutex_unlock(&mu);
         hold->b = b;
+        hold->why = "registered_before";
         return MEM_PROMOTED;
     }
     enum cost_verdict v = COST_LEAVE;
+    hold->why = "not_judged";
     if (flags & COPY_MAY_PROMOTE) {
-        v = decide(b, dir, n, (flags & COPY_STAGEABLE) != 0);
+        v = decide(b, dir, n, (flags & COPY_STAGEABLE) != 0, &hold->why);
         if (v == COST_REGISTER_BACKGROUND && !bg_enqueue(b))
             v = COST_REGISTER;   /* no background thread: register on the copy's path */
     }
@@ -1144,6 +1155,8 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
         pthread_mutex_unlock(&mu);
         stats_add(STAT_STAGED_WHILE_REGISTERING, 1);
         hold->unsettled = 1;
+        if (v != COST_REGISTER_BACKGROUND)
+            hold->why = "registering_in_background";
         return MEM_PAGEABLE;
     }
     if (v != COST_REGISTER) {
@@ -1165,6 +1178,7 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
     pthread_mutex_lock(&mu);
     hold_release(b);
     pthread_mutex_unlock(&mu);
+    hold->why = "register_failed";
     return MEM_PAGEABLE;
 }
 

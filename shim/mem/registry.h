@@ -36,6 +36,10 @@ struct copy_hold {
      * driver may see it pinned any moment, so only staging is right for this copy (if staging
      * declines, ask again without COPY_STAGEABLE: that waits for the registration). */
     int unsettled;
+    /* Why the copy gets this kind of memory, one word for the event trace: the cost model's
+     * reason where it was asked, else what decided (program_pinned, not_tracked,
+     * registered_before, ...). */
+    const char *why;
 };
 
 /* What the host range [p, p+n) of a copy in direction dir is: MEM_PINNED (the program's own),

@@ -255,8 +255,8 @@ void stats_record_copy(const struct copy_record *r)
     shard_add(sh, &sh->hist[h].count, 1);
     shard_add(sh, &sh->hist[h].bytes, r->bytes);
     if (trace_on() && r->timed && r->bytes >= STATS_TIME_ALL_MIN)
-        trace_event(r->ns, "copy", "dir=%s bytes=%zu path=%s async=%d", dir_names[r->dir], r->bytes,
-                    kind_names[r->kind], r->is_async);
+        trace_event(r->ns, "copy", "dir=%s bytes=%zu path=%s async=%d why=%s", dir_names[r->dir], r->bytes,
+                    kind_names[r->kind], r->is_async, r->why ? r->why : "none");
 }
 
 void stats_add(enum stats_counter c, uint64_t delta)

@@ -90,6 +90,7 @@ struct copy_record {
     int timed;            /* ns was measured */
     int is_async;         /* the program called an *Async entry point */
     int host_blocked;     /* the call blocked the host (sync copy, or async from pageable) */
+    const char *why;      /* one word on why this path (the event trace), or NULL */
 };
 
 void stats_record_copy(const struct copy_record *r);

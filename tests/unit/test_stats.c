@@ -202,7 +202,7 @@ static int python_check(const char *path, const char *checks)
 static inline __attribute__((always_inline)) void record(enum copy_dir dir, enum mem_kind kind, size_t bytes, uint64_t ns, int is_async,
                    int host_blocked)
 {
-    struct copy_record r = { dir, kind, bytes, ns, 1, is_async, host_blocked };
+    struct copy_record r = { dir, kind, bytes, ns, 1, is_async, host_blocked, NULL };
     stats_record_copy(&r);
     stats_record_site(&r);
 }
@@ -210,7 +210,7 @@ static inline __attribute__((always_inline)) void record(enum copy_dir dir, enum
 /* A copy whose time was not measured (the copy path times small copies one in a few). */
 static void record_untimed(enum copy_dir dir, enum mem_kind kind, size_t bytes)
 {
-    struct copy_record r = { dir, kind, bytes, 0, 0, 0, 1 };
+    struct copy_record r = { dir, kind, bytes, 0, 0, 0, 1, NULL };
     stats_record_copy(&r);
     stats_record_site(&r);
 }
@@ -270,12 +270,12 @@ static void test_counts_and_histogram(void)
     CHECK(stats_hist_min_bytes(12) == 2048 && stats_hist_min_bytes(13) == 4096);
 
     struct copy_record copies[] = {
-        { DIR_H2D, MEM_PAGEABLE, 4096, 1000, 1, 0, 1 },
-        { DIR_H2D, MEM_PAGEABLE, 4096, 3000, 1, 0, 1 },
-        { DIR_D2H, MEM_PROMOTED, 1 << 20, 500000, 1, 0, 1 },
-        { DIR_D2D, MEM_DEVICE, 0, 10, 1, 1, 0 },
-        { DIR_H2H, MEM_STAGED, 4095, 7, 1, 0, 1 },
-        { DIR_H2D, MEM_PINNED, 1, 5, 1, 1, 0 },
+        { DIR_H2D, MEM_PAGEABLE, 4096, 1000, 1, 0, 1, NULL },
+        { DIR_H2D, MEM_PAGEABLE, 4096, 3000, 1, 0, 1, NULL },
+        { DIR_D2H, MEM_PROMOTED, 1 << 20, 500000, 1, 0, 1, NULL },
+        { DIR_D2D, MEM_DEVICE, 0, 10, 1, 1, 0, NULL },
+        { DIR_H2H, MEM_STAGED, 4095, 7, 1, 0, 1, NULL },
+        { DIR_H2D, MEM_PINNED, 1, 5, 1, 1, 0, NULL },
     };
     for (size_t i = 0; i < sizeof copies / sizeof copies[0]; i++)
         stats_record_copy(&copies[i]);
@@ -461,7 +461,7 @@ static pthread_barrier_t live_barrier;
 
 static void *copy_then_wait(void *arg)
 {
-    struct copy_record r = { DIR_H2D, MEM_PINNED, 4096, 1000, 1, 0, 1 };
+    struct copy_record r = { DIR_H2D, MEM_PINNED, 4096, 1000, 1, 0, 1, NULL };
     for (int i = 0; i < 10; i++)
         stats_record_copy(&r);
     stats_count_entry(0);
