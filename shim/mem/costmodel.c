@@ -63,22 +63,19 @@ struct cost_decision cost_decide(const struct cost_inputs *in, const struct cost
     return decided(COST_REGISTER, COST_GAIN, gain);
 }
 
+/* Each reason as a word and as a sentence, from the one list. */
+static const struct { const char *key, *text; } reason_names[COST_REASON_COUNT] = {
+#define COST_REASON_NAMES_(name, key, text) [COST_##name] = { key, text },
+    COST_REASONS(COST_REASON_NAMES_)
+#undef COST_REASON_NAMES_
+};
+
 const char *cost_reason_text(enum cost_reason r)
 {
-    static const char *const texts[COST_REASON_COUNT] = {
-#define COST_REASON_TEXT_(name, key, text) [COST_##name] = text,
-        COST_REASONS(COST_REASON_TEXT_)
-#undef COST_REASON_TEXT_
-    };
-    return (unsigned)r < COST_REASON_COUNT ? texts[r] : "unknown";
+    return (unsigned)r < COST_REASON_COUNT ? reason_names[r].text : "unknown";
 }
 
 const char *cost_reason_key(enum cost_reason r)
 {
-    static const char *const keys[COST_REASON_COUNT] = {
-#define COST_REASON_KEY_(name, key, text) [COST_##name] = key,
-        COST_REASONS(COST_REASON_KEY_)
-#undef COST_REASON_KEY_
-    };
-    return (unsigned)r < COST_REASON_COUNT ? keys[r] : "unknown";
+    return (unsigned)r < COST_REASON_COUNT ? reason_names[r].key : "unknown";
 }
