@@ -64,6 +64,9 @@ int main(void)
     CUstream s;
     CU(cuMemAlloc(&dev, N));
     CU(cuMemcpyHtoD(dev, ref, N));
+    /* A pageable cuMemcpyHtoD may return before its DMA lands, and s does not wait for the
+     * legacy stream (non-blocking, as XLA's are): finish the upload before reading it back. */
+    CU(cuCtxSynchronize());
     CU(cuMemHostAlloc((void **)&stage, PIECE, 0));
     CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 
