@@ -381,6 +381,10 @@ fi
 if want fresh && have "$(basename "$host_copies")"; then
     ab fresh_pageable "$FRESH_REPS" -- "$host_copies" --mode fresh --kind pageable $Q
     plain_only fresh_pinned "$FRESH_REPS" -- "$host_copies" --mode fresh --kind pinned $Q
+    # Traced (raw/fresh_traced.trace): what a fresh buffer's first copy (about 1.2 ms H2D at
+    # every size in runs 10-16, where registering 1 MiB costs about 0.15) and the copies after it
+    # spend, event by event.
+    run_case fresh_traced shim 1 PINSHIM_TRACE="$RAW/fresh_traced.trace" -- "$host_copies" --mode fresh --kind pageable $Q
 fi
 if want two_fresh && have "$(basename "$host_copies")"; then
     ab two_fresh "$REPS" -- "$host_copies" --mode two_fresh $Q

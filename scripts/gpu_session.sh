@@ -50,7 +50,7 @@ declare -A EST_FULL=(
     [build]=20 [suite]=300
     [malloc]=60 [heap]=45 [sweep]=70 [loop]=45 [latency]=80 [staging]=15 [train]=60 [drv]=15
     [two]=30 [torch]=90 [cupy]=30 [ab]=15 [model]=150 [safetensors]=70 [dataloader]=110
-    [fresh]=80 [two_fresh]=45 [bounce]=60 [jax]=75
+    [fresh]=90 [two_fresh]=45 [bounce]=60 [jax]=75
 )
 declare -A EST_QUICK=(
     [build]=60 [suite]=300
