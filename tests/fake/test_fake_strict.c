@@ -45,6 +45,7 @@ static int scenario(const char *name)
     MUST(cuMemHostRegister_v2(p, BIG, CU_MEMHOSTREGISTER_READ_ONLY));
     MUST(cuMemcpyHtoD_v2(d, p, BIG));                  /* reading it: fine */
     MUST(cuMemsetD8_v2(d, 0x22, BIG));
+    MUST(cuCtxSynchronize());   /* the memset is on the legacy stream, which s does not wait for */
     if (!strcmp(name, "ro_read")) {
         MUST(cuMemcpyHtoDAsync_v2(d, p, BIG, s));
         MUST(cuStreamSynchronize(s));

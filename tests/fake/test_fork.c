@@ -162,6 +162,7 @@ int main(void)
     fill_pattern(pinned, n, 5);
     CUstream s;
     CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CU(cuCtxSynchronize());   /* hot()'s pageable uploads may not have landed, and s does not wait for them */
     CU(fakecuda_launch_write(s, dev, 0, 4096, 20000));
     CU(cuMemcpyHtoDAsync(dev, pinned, n, s));
     fflush(NULL);
