@@ -33,6 +33,11 @@ static void *ptds_thread(void *arg)
 
 int main(void)
 {
+    /* Cases 2, 4, 6, 7 and 8 read memory that another stream writes unordered, on purpose: the
+     * driver reports each race, so the process must not fail for them at exit. */
+    setenv("FAKECUDA_EXIT_STATUS", "0", 1);
+    const char *rc_env = getenv("FAKECUDA_CHECK_DEVICE_RACES");
+    unsigned long want_races = rc_env && !strcmp(rc_env, "0") ? 0 : 5;
     CUdeviceptr early;
     EXPECT_RC(cuMemAlloc_v2(&early, 16), CUDA_ERROR_NOT_INITIALIZED);
     CUcontext ctx = fkt_init();
@@ -152,6 +157,7 @@ int main(void)
     EXPECT_RC(fakecuda_launch_write(NULL, d, 0, N, 0), CUDA_ERROR_INVALID_CONTEXT);
     MUST(cuCtxPushCurrent_v2(ctx));
 
-    CHECK(fakecuda_violations() == 0);
+    CHECKF(fakecuda_violations() == want_races, "the %lu unordered accesses made on purpose, and nothing else, "
+           "are reported (%lu)", want_races, fakecuda_violations());
     return TEST_SUMMARY();
 }

@@ -100,6 +100,7 @@ static void fk_setup_once(void)
     long d = env_long("FAKECUDA_ASYNC_DELAY_US", 50);
     fk_delay_us = d < 0 ? 0 : (unsigned)d;
     fk_check_source = env_long("FAKECUDA_CHECK_SOURCE", 1) != 0;
+    fk_check_races = env_long("FAKECUDA_CHECK_DEVICE_RACES", 1) != 0;
     fk_pageable_hpt = env_long("FAKECUDA_PAGEABLE_HOST_PAGE_TABLES", 0) == 1;
     fk_no_host_register = env_long("FAKECUDA_NO_HOST_REGISTER", 0) == 1;
     fk_exit_status = (int)env_long("FAKECUDA_EXIT_STATUS", 86);

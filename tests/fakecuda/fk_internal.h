@@ -66,6 +66,7 @@ extern atomic_int fk_initialized;
 extern int fk_ndev;
 extern unsigned fk_delay_us;
 extern int fk_check_source;
+extern int fk_check_races;
 extern int fk_pageable_hpt;
 extern int fk_no_host_register;
 extern int fk_forked_child;
@@ -93,6 +94,11 @@ void fk_staged_free(void *p);
 
 typedef struct fk_op fk_op;
 typedef struct fk_capture fk_capture;
+
+/* Vector clock (happens-before): for each stream, by its id (never reused), the last position
+ * known to come before; sparse, sorted by id, 0 where absent. */
+typedef struct { uint64_t stream, seq; } fk_vc_ent;
+typedef struct { fk_vc_ent *e; uint32_t n, cap; } fk_vc;
 typedef struct fk_hreg fk_hreg;
 
 enum { FK_S_LEGACY = 1, FK_S_PTDS, FK_S_USER };
@@ -113,6 +119,7 @@ struct CUstream_st {
     uint64_t id;
     fk_op *head, *tail;
     uint64_t enq_seq, done_seq;  /* ops enqueued / completed so far; positions are seq numbers */
+    fk_vc tail_vc;               /* clock of the last op enqueued (position enq_seq) */
     int worker;                  /* a worker thread is draining this queue */
     int hostfn_running;          /* a host function of this stream runs now (lock released) */
     int destroyed;
@@ -127,6 +134,7 @@ struct CUevent_st {
     unsigned flags;
     fk_stream *s;                /* last record: stream and position */
     uint64_t seq;
+    fk_vc vc;                    /* clock of the recorded position */
     uint64_t gen;
     int recorded;
     int timed;                   /* time_ns valid for this gen */
@@ -171,6 +179,7 @@ struct fk_op {
     const char *what;            /* entry point, for messages */
     fk_stream *s;
     uint64_t seq;
+    fk_vc vc;                    /* what happens before it (fk_races.c), itself included */
     fk_dep *deps;
     int ndeps, capdeps;
     /* copy / memset (memset: dst, w = bytes, elem, val) */
@@ -242,6 +251,21 @@ void fk_wait_all_idle(void);
  * graph: op replayed from a graph (no snapshot; classification taken from the template). */
 void fk_ck_add(fk_op *op);
 void fk_ck_remove(fk_op *op);
+
+/* ---- device memory races (fk_races.c); lock held ---- */
+uint64_t fk_vc_get(const fk_vc *v, uint64_t stream);
+void fk_vc_set(fk_vc *v, uint64_t stream, uint64_t seq);
+void fk_vc_join(fk_vc *dst, const fk_vc *src);
+void fk_vc_assign(fk_vc *dst, const fk_vc *src);
+void fk_vc_free(fk_vc *v);
+/* The host saw the work that clock describes complete (a sync, a successful query, ...). */
+void fk_host_observe(const fk_vc *seen);
+/* Join what the host has seen complete into v (work submitted now is ordered after it). */
+void fk_vc_join_host(fk_vc *v);
+/* Running op (worker): check its device ranges against earlier unordered accesses, record them. */
+void fk_race_exec(const fk_op *op);
+/* Device memory freed: forget its accesses. */
+void fk_race_forget(uintptr_t base, size_t size);
 
 /* ---- memory (fk_memory.c) ---- */
 void fk_memory_setup(void);

@@ -153,6 +153,7 @@ FK_API(cuMemFree_v2, (CUdeviceptr dptr))
     fk_wait_all_idle();
     i = dalloc_find((uintptr_t)dptr);
     if (i < 0 || dallocs[i].base != (uintptr_t)dptr) { r = CUDA_ERROR_INVALID_VALUE; goto out; }
+    fk_race_forget(dallocs[i].base, dallocs[i].size);
     munmap(dallocs[i].backing, dallocs[i].maplen);
     dev_used[dallocs[i].dev] -= dallocs[i].size;
     memmove(&dallocs[i], &dallocs[i + 1], (ndallocs - (size_t)i - 1) * sizeof *dallocs);

@@ -7,7 +7,8 @@
  *  - blocking stream op: the legacy stream at its current position;
  *  - non-blocking stream op: nothing beyond its own stream order;
  *  - cuStreamWaitEvent: a wait op depending on the event's recorded position.
- * One worker thread per stream with pending work executes ops in order, each after its delay. */
+ * One worker thread per stream with pending work executes ops in order, each after its delay.
+ * The same edges, and what the host saw complete, give each op its vector clock (fk_races.c). */
 #include "fk_internal.h"
 #include "fakecuda.h"
 #include <stdlib.h>
@@ -36,6 +37,7 @@ void fk_op_free(fk_op *op)
 {
     if (!op) return;
     fk_free(op->deps);
+    fk_vc_free(&op->vc);
     fk_staged_free(op->staged);
     fk_free(op);
 }
@@ -47,6 +49,7 @@ static fk_op *op_clone(const fk_op *t)
     op->next = NULL;
     op->deps = NULL;
     op->ndeps = op->capdeps = 0;
+    op->vc = (fk_vc){ 0 };
     op->staged = NULL;
     op->check_src = 0;
     op->ck_prev = op->ck_next = NULL;
@@ -79,14 +82,19 @@ static int is_blocking(const fk_stream *s)
     return s->kind != FK_S_LEGACY && !(s->flags & CU_STREAM_NON_BLOCKING);
 }
 
-/* The implicit legacy-stream dependencies of new work on s. */
-static void collect_deps(fk_stream *s, fk_op *op)
+/* The implicit legacy-stream dependencies of new work on s; vc (if not NULL) joins the clocks
+ * of those positions, completed ones too: the order holds whether or not they are done. */
+static void collect_deps(fk_stream *s, fk_op *op, fk_vc *vc)
 {
     if (s->kind == FK_S_LEGACY) {
         for (fk_stream *o = s->ctx->streams; o; o = o->ctx_next)
-            if (is_blocking(o)) op_add_dep(op, o, o->enq_seq);
+            if (is_blocking(o)) {
+                op_add_dep(op, o, o->enq_seq);
+                if (vc) fk_vc_join(vc, &o->tail_vc);
+            }
     } else if (is_blocking(s) && s->ctx->legacy) {
         op_add_dep(op, s->ctx->legacy, s->ctx->legacy->enq_seq);
+        if (vc) fk_vc_join(vc, &s->ctx->legacy->tail_vc);
     }
 }
 
@@ -134,6 +142,7 @@ static void exec_op(fk_op *op)
 {
     switch (op->kind) {
     case OP_COPY:
+        fk_race_exec(op);
         fk_exec_copy(op);
         if (!op->dst.isdev) {
             size_t span = (op->d - 1) * op->dst.slice + (op->h - 1) * op->dst.pitch + op->w;
@@ -141,9 +150,13 @@ static void exec_op(fk_op *op)
         }
         break;
     case OP_MEMSET:
+        fk_race_exec(op);
         fk_exec_memset(op);
         break;
     case OP_HOSTFN:
+        /* Host code runs now, after everything ordered before this op: whatever it (or a
+         * thread it wakes) submits is ordered after that work. */
+        fk_host_observe(&op->vc);
         op->s->hostfn_running = 1;
         pthread_mutex_unlock(&fk_mu);
         op->fn(op->ud);
@@ -190,9 +203,15 @@ static void *worker_main(void *arg)
 
 CUresult fk_submit(fk_stream *s, fk_op *op)
 {
-    collect_deps(s, op);
+    collect_deps(s, op, &op->vc);
     op->s = s;
     op->seq = ++s->enq_seq;
+    /* Its clock: what it already holds (an event it waits for), the implicit dependencies, the
+     * stream's previous op, what the host has seen complete, and itself. */
+    fk_vc_join(&op->vc, &s->tail_vc);
+    fk_vc_join_host(&op->vc);
+    fk_vc_set(&op->vc, s->id, op->seq);
+    fk_vc_assign(&s->tail_vc, &op->vc);
     op->next = NULL;
     if (s->tail) s->tail->next = op; else s->head = op;
     s->tail = op;
@@ -208,19 +227,37 @@ CUresult fk_submit(fk_stream *s, fk_op *op)
     return CUDA_SUCCESS;
 }
 
+/* The clock of position seq of s, while it is the last enqueued or still queued. */
+static void position_vc(fk_stream *s, uint64_t seq, fk_vc *out)
+{
+    if (seq == s->enq_seq) { fk_vc_assign(out, &s->tail_vc); return; }
+    for (fk_op *op = s->head; op; op = op->next)
+        if (op->seq == seq) { fk_vc_assign(out, &op->vc); return; }
+}
+
+/* The host sees position seq complete: it learns that position's clock (a caller waiting for a
+ * position already completed and no longer the last, an event's, joins the clock it knows). */
 void fk_wait_pos(fk_stream *s, uint64_t seq)
 {
+    fk_vc seen = { 0 };
+    position_vc(s, seq, &seen);
     while (s->done_seq < seq) pthread_cond_wait(&fk_cv, &fk_mu);
+    fk_host_observe(&seen);
+    fk_vc_free(&seen);
 }
 
 void fk_wait_stream_and_deps(fk_stream *s)
 {
     fk_op tmp;
     memset(&tmp, 0, sizeof tmp);
-    collect_deps(s, &tmp);
+    fk_vc seen = { 0 };
+    collect_deps(s, &tmp, &seen);
+    fk_vc_join(&seen, &s->tail_vc);
     op_add_dep(&tmp, s, s->enq_seq);
     for (int i = 0; i < tmp.ndeps; i++) fk_wait_pos(tmp.deps[i].s, tmp.deps[i].seq);
     fk_free(tmp.deps);
+    fk_host_observe(&seen);
+    fk_vc_free(&seen);
 }
 
 /* A pageable source is snapshot under the lock, so no host function can start during the
@@ -232,7 +269,7 @@ void fk_wait_hostfns_before(fk_stream *s)
     for (;;) {
         fk_op tmp;
         memset(&tmp, 0, sizeof tmp);
-        collect_deps(s, &tmp);
+        collect_deps(s, &tmp, NULL);
         int busy = s->hostfn_running;
         for (int i = 0; !busy && i < tmp.ndeps; i++) busy = tmp.deps[i].s->hostfn_running;
         fk_free(tmp.deps);
@@ -447,6 +484,14 @@ static CUresult stream_query(CUstream h, int ptds)
     }
     if (!r) r = fk_unsafe_call_check();
     if (!r && !stream_and_deps_done(s)) r = CUDA_ERROR_NOT_READY;
+    if (!r) {
+        /* Complete, as the host now knows: the stream's work and, for the legacy stream, the
+         * blocking streams' work (what stream_and_deps_done looked at). */
+        fk_host_observe(&s->tail_vc);
+        if (s->kind == FK_S_LEGACY)
+            for (fk_stream *o = s->ctx->streams; o; o = o->ctx_next)
+                if (is_blocking(o)) fk_host_observe(&o->tail_vc);
+    }
     pthread_mutex_unlock(&fk_mu);
     return r;
 }
@@ -576,6 +621,7 @@ static void event_submit(fk_event *e, fk_stream *s, fk_op *op)
     fk_submit(s, op);
     e->s = s;
     e->seq = op->seq;
+    fk_vc_assign(&e->vc, &op->vc);
     e->recorded = 1;
     e->timed = 0;
     e->cap = NULL;
@@ -629,6 +675,7 @@ FK_API(cuEventQuery, (CUevent h))
     CUresult r = e ? fk_unsafe_call_check() : CUDA_ERROR_INVALID_HANDLE;
     if (!r && e->cap) r = CUDA_ERROR_CAPTURED_EVENT;
     if (!r && e->recorded && e->s->done_seq < e->seq) r = CUDA_ERROR_NOT_READY;
+    if (!r && e->recorded) fk_host_observe(&e->vc);
     pthread_mutex_unlock(&fk_mu);
     return r;
 }
@@ -641,7 +688,15 @@ FK_API(cuEventSynchronize, (CUevent h))
     fk_event *e = event_find(h);
     CUresult r = e ? fk_unsafe_call_check() : CUDA_ERROR_INVALID_HANDLE;
     if (!r && e->cap) r = CUDA_ERROR_CAPTURED_EVENT;
-    if (!r && e->recorded) fk_wait_pos(e->s, e->seq);
+    if (!r && e->recorded) {
+        /* The clock of the record waited for: another thread may record the event again while
+         * this one waits. */
+        fk_vc seen = { 0 };
+        fk_vc_assign(&seen, &e->vc);
+        fk_wait_pos(e->s, e->seq);
+        fk_host_observe(&seen);
+        fk_vc_free(&seen);
+    }
     pthread_mutex_unlock(&fk_mu);
     return r;
 }
@@ -657,7 +712,11 @@ static CUresult elapsed(float *ms, CUevent a, CUevent b)
     else if ((s->flags | e->flags) & CU_EVENT_DISABLE_TIMING) r = CUDA_ERROR_INVALID_HANDLE;
     else if (!s->recorded || !e->recorded) r = CUDA_ERROR_INVALID_HANDLE;
     else if (s->s->done_seq < s->seq || e->s->done_seq < e->seq || !s->timed || !e->timed) r = CUDA_ERROR_NOT_READY;
-    else *ms = (float)((double)((int64_t)(e->time_ns - s->time_ns)) / 1e6);
+    else {
+        *ms = (float)((double)((int64_t)(e->time_ns - s->time_ns)) / 1e6);
+        fk_host_observe(&s->vc);     /* both recorded positions are known complete */
+        fk_host_observe(&e->vc);
+    }
     pthread_mutex_unlock(&fk_mu);
     return r;
 }
@@ -694,6 +753,7 @@ static CUresult stream_wait_event(CUstream hs, CUevent h, unsigned flags, int pt
     r = fk_capture_gate(s, op, 0);
     if (r) { fk_op_free(op); goto out; }
     op_add_dep(op, e->s, e->seq);
+    fk_vc_join(&op->vc, &e->vc);
     fk_submit(s, op);
 out:
     pthread_mutex_unlock(&fk_mu);
