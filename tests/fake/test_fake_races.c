@@ -49,6 +49,19 @@ static void columns(size_t x, size_t w, CUstream s)
     MUST(cuMemcpy2DAsync_v2(&p, s));
 }
 
+/* A graph captured on nb1: a memset of d, then d copied into d2. */
+static CUgraphExec memset_then_copy_graph(void)
+{
+    CUgraph g;
+    CUgraphExec x;
+    MUST(cuStreamBeginCapture_v2(nb1, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    MUST(cuMemsetD8Async(d, 9, N, nb1));
+    MUST(cuMemcpyDtoDAsync_v2(d2, d, N, nb1));
+    MUST(cuStreamEndCapture(nb1, &g));
+    MUST(cuGraphInstantiateWithFlags(&x, g, 0));
+    return x;
+}
+
 static int scenario(const char *name)
 {
     setup();
@@ -127,13 +140,7 @@ static int scenario(const char *name)
         columns(20, 8, nb2);
         MUST(cuCtxSynchronize());
     } else if (!strcmp(name, "graph")) {
-        CUgraph g;
-        CUgraphExec x;
-        MUST(cuStreamBeginCapture_v2(nb1, CU_STREAM_CAPTURE_MODE_GLOBAL));
-        MUST(cuMemsetD8Async(d, 9, N, nb1));
-        MUST(cuMemcpyDtoDAsync_v2(d2, d, N, nb1));
-        MUST(cuStreamEndCapture(nb1, &g));
-        MUST(cuGraphInstantiateWithFlags(&x, g, 0));
+        CUgraphExec x = memset_then_copy_graph();
         /* Ordered after another stream's write to d by an event; read back in stream order. */
         MUST(fakecuda_launch_write(nb2, d, 4, N, 100000));
         MUST(cuEventRecord(e, nb2));
@@ -145,13 +152,7 @@ static int scenario(const char *name)
         MUST(cuStreamSynchronize(nb1));
         MUST(cuMemcpyDtoHAsync_v2(back, d2, N, nb2));
     } else if (!strcmp(name, "graph_unordered")) {
-        CUgraph g;
-        CUgraphExec x;
-        MUST(cuStreamBeginCapture_v2(nb1, CU_STREAM_CAPTURE_MODE_GLOBAL));
-        MUST(cuMemsetD8Async(d, 9, N, nb1));
-        MUST(cuMemcpyDtoDAsync_v2(d2, d, N, nb1));
-        MUST(cuStreamEndCapture(nb1, &g));
-        MUST(cuGraphInstantiateWithFlags(&x, g, 0));
+        CUgraphExec x = memset_then_copy_graph();
         /* Both graph nodes race with this write: two pairs. */
         MUST(fakecuda_launch_write(nb2, d, 4, N, 100000));
         MUST(cuGraphLaunch(x, nb1));
