@@ -136,3 +136,17 @@ int real_driver_resolve(void *handle)
     shim_leave();
     return real_driver_ready();
 }
+
+CUstreamCaptureMode drv_relax_capture(void)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!drv.cuThreadExchangeStreamCaptureMode || drv.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+        return CU_STREAM_CAPTURE_MODE_RELAXED;
+    return mode;
+}
+
+void drv_restore_capture(CUstreamCaptureMode before)
+{
+    if (before != CU_STREAM_CAPTURE_MODE_RELAXED && drv.cuThreadExchangeStreamCaptureMode)
+        drv.cuThreadExchangeStreamCaptureMode(&before);
+}

@@ -70,6 +70,15 @@ struct driver_fns {
 };
 extern struct driver_fns drv;
 
+/* The shim's own driver calls (registering, unregistering, building its staging buffers) are
+ * "potentially unsafe" while a program's stream capture runs in global mode: made from a thread
+ * in the default mode, the driver refuses them and invalidates the program's capture, from
+ * whichever thread it runs.  In relaxed mode a thread may make them and the capture is not
+ * touched.  drv_relax_capture puts the calling thread in relaxed mode and returns its mode
+ * before; drv_restore_capture puts that back.  The shim's own threads relax once, for life. */
+CUstreamCaptureMode drv_relax_capture(void);
+void drv_restore_capture(CUstreamCaptureMode before);
+
 /* The driver's own definition of each hooked symbol (NULL where the driver lacks it). */
 extern void *real_hook[HOOK_COUNT];
 

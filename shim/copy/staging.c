@@ -84,8 +84,11 @@ static void lane_destroy(struct lane *l, int registered, unsigned nev)
         l->pending[i] = 0;
         drv.cuEventDestroy_v2(l->ev[i]);
     }
-    if (registered && real_hook[HOOK_cuMemHostUnregister])
+    if (registered && real_hook[HOOK_cuMemHostUnregister]) {
+        CUstreamCaptureMode before = drv_relax_capture();
         ((unregister_fn)real_hook[HOOK_cuMemHostUnregister])(l->mem);
+        drv_restore_capture(before);
+    }
     os_unmap(l->mem, l->len);
     registry_unreserve(l->len);
     l->mem = NULL;
@@ -119,8 +122,10 @@ static int lane_build(struct lane *l, CUcontext ctx)
     if (os_populate(l->mem, l->len, MADV_POPULATE_WRITE) != 0)
         for (size_t off = 0; off < l->len; off += SHIM_PAGE_SIZE)
             ((volatile char *)l->mem)[off] = 0;   /* a kernel before 5.14 */
+    CUstreamCaptureMode before = drv_relax_capture();
     CUresult r = ((register_fn)real_hook[HOOK_cuMemHostRegister_v2])(l->mem, l->len,
                                                                       CU_MEMHOSTREGISTER_PORTABLE);
+    drv_restore_capture(before);
     if (trace_on())
         trace_event(shim_ns_since(t0), "staging_buffers", "bytes=%zu buffers=%u ok=%d", l->len, l->nbuf,
                     r == CUDA_SUCCESS);
@@ -223,6 +228,8 @@ static pthread_cond_t builder_cv = PTHREAD_COND_INITIALIZER;   /* with lanes_mu:
 static void *builder_main(void *arg)
 {
     shim_enter();   /* this thread's work is the shim's own; never left */
+    /* Its registration must not touch a capture the program begins meanwhile (base/real.h). */
+    drv_relax_capture();
     CUcontext ctx = arg, popped;
     if (drv.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
         struct lane *l = lane_acquire(ctx);

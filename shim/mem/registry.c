@@ -419,23 +419,6 @@ uint64_t registry_registered_bytes(void)
     return __atomic_load_n(&registered_bytes, __ATOMIC_RELAXED);
 }
 
-/* The shim's own registration calls are "potentially unsafe" during a stream capture: in relaxed
- * mode this thread may make them without invalidating the program's capture (a munmap of a
- * promoted block can come in the middle of one, and the registration must go regardless). */
-static CUstreamCaptureMode relax_capture(void)
-{
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (!drv.cuThreadExchangeStreamCaptureMode || drv.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
-        return CU_STREAM_CAPTURE_MODE_RELAXED;
-    return mode;
-}
-
-static void restore_capture(CUstreamCaptureMode mode)
-{
-    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED && drv.cuThreadExchangeStreamCaptureMode)
-        drv.cuThreadExchangeStreamCaptureMode(&mode);
-}
-
 static CUresult register_range(uintptr_t base, size_t len, unsigned flags)
 {
     return ((PFN_cuMemHostRegister_v6050)real_hook[HOOK_cuMemHostRegister_v2])((void *)base, len, flags);
@@ -449,7 +432,7 @@ static void unregister_range(uintptr_t base, size_t len, CUcontext ctx, int asyn
         return;
     uint64_t t0 = shim_now_ns();
     nvtx_push("pinshim unregister");
-    CUstreamCaptureMode saved_mode = relax_capture();
+    CUstreamCaptureMode saved_mode = drv_relax_capture();
     int pushed = ctx && drv.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
     if (async_pending && drv.cuCtxSynchronize)
         drv.cuCtxSynchronize();   /* trusted async copies may still use it */
@@ -458,7 +441,7 @@ static void unregister_range(uintptr_t base, size_t len, CUcontext ctx, int asyn
         CUcontext ignored;
         drv.cuCtxPopCurrent_v2(&ignored);
     }
-    restore_capture(saved_mode);
+    drv_restore_capture(saved_mode);
     nvtx_pop();
     if (r != CUDA_SUCCESS)
         shim_log_once(LOG_INFO, "unregister of a promoted block failed (error %d)", (int)r);
@@ -811,9 +794,9 @@ static int promote(struct block *b, int background)
         uint64_t t0 = shim_now_ns();
         nvtx_push(background ? "pinshim promote (background)" : "pinshim promote");
         /* Relaxed: the program's capture on another thread must not be invalidated by it. */
-        CUstreamCaptureMode saved_mode = relax_capture();
+        CUstreamCaptureMode saved_mode = drv_relax_capture();
         CUresult r = register_range(base, len, flags);
-        restore_capture(saved_mode);
+        drv_restore_capture(saved_mode);
         nvtx_pop();
         uint64_t took = shim_now_ns() - t0;
         stats_add(STAT_REGISTER_NS, took);
@@ -908,6 +891,7 @@ static void bg_finish(struct block *b)
 static void *bg_main(void *arg)
 {
     shim_enter();   /* this thread's allocations and driver calls are the shim's own; never left */
+    drv_relax_capture();   /* its registrations must not touch a program's capture (base/real.h) */
     pthread_mutex_lock(&bg_mu);
     for (;;) {
         while (!bg_stop && __atomic_load_n(&bg_head, __ATOMIC_ACQUIRE) == __atomic_load_n(&bg_tail, __ATOMIC_ACQUIRE))

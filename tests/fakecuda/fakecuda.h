@@ -35,6 +35,11 @@ void *fakecuda_driver_malloc(size_t n);
 void fakecuda_driver_free(void *p);
 void *fakecuda_driver_mmap(size_t n);
 
+/* Make every cuMemHostRegister take us microseconds before it acts (0: at once, the default;
+ * FAKECUDA_REGISTER_DELAY_US sets it at start): a real registration takes 45-366 ms per GiB,
+ * long enough for a program's stream capture to begin while a background one is under way. */
+void fakecuda_set_register_delay_us(unsigned us);
+
 /* Violations detected so far (each also printed as "fakecuda: VIOLATION: ..." on stderr). */
 unsigned long fakecuda_violations(void);
 /* Calls so far of the exported entry point with that exact symbol name ("cuMemcpyHtoD_v2"). */

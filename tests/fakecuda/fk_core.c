@@ -18,6 +18,7 @@ unsigned fk_delay_us = 50;
 int fk_check_source = 1;
 int fk_pageable_hpt;
 int fk_no_host_register;
+unsigned fk_register_delay_us;
 int fk_forked_child;
 static int fk_exit_status = 86;
 fk_ctx fk_ctxs[FK_MAX_DEV];
@@ -103,6 +104,8 @@ static void fk_setup_once(void)
     fk_check_races = env_long("FAKECUDA_CHECK_DEVICE_RACES", 1) != 0;
     fk_pageable_hpt = env_long("FAKECUDA_PAGEABLE_HOST_PAGE_TABLES", 0) == 1;
     fk_no_host_register = env_long("FAKECUDA_NO_HOST_REGISTER", 0) == 1;
+    long rd = env_long("FAKECUDA_REGISTER_DELAY_US", 0);
+    fk_register_delay_us = rd < 0 ? 0 : (unsigned)rd;
     fk_exit_status = (int)env_long("FAKECUDA_EXIT_STATUS", 86);
     for (int i = 0; i < FK_MAX_DEV; i++) fk_ctxs[i].dev = i;
     fk_memory_setup();
@@ -156,6 +159,12 @@ static const struct fk_sym { const char *sym, *base; int ver, pt; } fk_syms[] = 
 #include "fk_exports.def"
 #undef FK_X
 };
+
+FK_PUBLIC void fakecuda_set_register_delay_us(unsigned us)
+{
+    fk_setup();
+    __atomic_store_n(&fk_register_delay_us, us, __ATOMIC_RELAXED);
+}
 
 FK_PUBLIC unsigned long fakecuda_calls(const char *symbol)
 {

@@ -69,6 +69,7 @@ extern int fk_check_source;
 extern int fk_check_races;
 extern int fk_pageable_hpt;
 extern int fk_no_host_register;
+extern unsigned fk_register_delay_us;
 extern int fk_forked_child;
 
 void fk_setup(void);

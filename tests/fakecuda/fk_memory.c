@@ -351,6 +351,9 @@ static CUresult host_register(void *p, size_t size, unsigned flags)
     if (fk_no_host_register) return CUDA_ERROR_NOT_SUPPORTED;
     if (!p || !size || (flags & ~(unsigned)FK_REG_FLAGS)) return CUDA_ERROR_INVALID_VALUE;
     if ((uintptr_t)p + size < (uintptr_t)p) return CUDA_ERROR_INVALID_VALUE;
+    /* The time a real registration takes (pinning the pages), before it is judged: other threads
+     * go on meanwhile, a stream capture may begin. */
+    fk_sleep_us(__atomic_load_n(&fk_register_delay_us, __ATOMIC_RELAXED));
     pthread_mutex_lock(&fk_mu);
     CUresult r = fk_unsafe_call_check();
     if (r) goto out;
