@@ -70,6 +70,7 @@ CUresult on_get_proc_address(enum hook_id id, const char *symbol, void **pfn, in
     CUresult r = ((PFN_cuGetProcAddress_v12000)real_hook[id])(symbol, pfn, version, flags, status);
     if (r == CUDA_SUCCESS && pfn && *pfn && symbol)
         *pfn = door_for(symbol, *pfn, version, flags);
+    stats_prepare_sites();
     return r;
 }
 
@@ -79,6 +80,7 @@ CUresult on_get_proc_address_v1(enum hook_id id, const char *symbol, void **pfn,
     CUresult r = ((PFN_cuGetProcAddress_v11030)real_hook[id])(symbol, pfn, version, flags);
     if (r == CUDA_SUCCESS && pfn && *pfn && symbol)
         *pfn = door_for(symbol, *pfn, version, flags);
+    stats_prepare_sites();
     return r;
 }
 
@@ -98,6 +100,7 @@ SHIM_EXPORT void *dlsym(void *handle, const char *name)
     if (fn == hook_doors[id])
         return fn;
     real_driver_resolve(handle);
+    stats_prepare_sites();   /* the program is starting CUDA: the first walk's cost goes here */
     if (real_hook[id] == fn)
         return hook_doors[id];
     stats_add(STAT_UNTRACKED_LOOKUPS, 1);

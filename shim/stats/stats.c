@@ -542,12 +542,12 @@ static void site_memo_put(struct stats_shard *sh, uintptr_t anchor, const struct
 }
 
 /* The key of the copy being recorded: caller is stats_record_site's return address, anchor its
- * frame address. */
-static __attribute__((noinline)) void site_key(void **key, void *caller, uintptr_t anchor)
+ * frame address.  Returns the frames walked, 0 when the thread's memo had the chain. */
+static __attribute__((noinline)) int site_key(void **key, void *caller, uintptr_t anchor)
 {
     struct stats_shard *sh = shard();
     if (sh != &retired && site_memo_find(sh, anchor, key))
-        return;
+        return 0;
     struct walk w = { .n = 0 };
     add_relaxed(&site_walks, 1);
     if (uw_backtrace) {
@@ -578,6 +578,14 @@ static __attribute__((noinline)) void site_key(void **key, void *caller, uintptr
     }
     if (uw_backtrace && k > 0)
         site_memo_put(sh, anchor, &w, first, last, key);
+    return w.n > 0 ? w.n : 1;
+}
+
+void stats_prepare_sites(void)
+{
+    shim_enter();   /* dlopen allocates: from the C library */
+    pthread_once(&shim_object_once, find_shim_object);
+    shim_leave();
 }
 
 __attribute__((noinline)) void stats_record_site(const struct copy_record *r)
@@ -612,13 +620,18 @@ __attribute__((noinline)) void stats_record_site(const struct copy_record *r)
         return;
 
     shim_enter();   /* backtrace may load libgcc_s (malloc); the table allocates */
+    /* A walk's time is traced: a process's first ones (the unwinder finding its tables, dladdr
+     * over large libraries) fall on a copy's critical path. */
+    uint64_t walk_t0 = trace_on() ? shim_ticks() : 0;
     pthread_once(&shim_object_once, find_shim_object);
 
     /* Walk and classify outside the table lock: dladdr and the unwinder take the loader lock,
      * which a thread inside dlopen could hold while it copies and waits for our lock. */
     void *key[SITE_KEY_FRAMES] = { 0 };
-    site_key(key, __builtin_extract_return_addr(__builtin_return_address(0)),
-             (uintptr_t)__builtin_frame_address(0));
+    int walked = site_key(key, __builtin_extract_return_addr(__builtin_return_address(0)),
+                          (uintptr_t)__builtin_frame_address(0));
+    if (walk_t0 && walked)
+        trace_event(shim_ns_since(walk_t0), "call_site_walk", "frames=%d copy_bytes=%zu", walked, r->bytes);
 
     unsigned raised = 0;
     if (r->is_async && (r->kind == MEM_PAGEABLE || r->kind == MEM_STAGED || r->kind == MEM_PROMOTED))
