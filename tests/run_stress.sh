@@ -21,8 +21,8 @@
 #   mappings made read-only then written, a signal handler that calls malloc),
 #   STRESS_DEADLINE (seconds; no seed starts after it, and the run fails as incomplete; 0: none).
 # Long mode (STRESS_LONG=1): 1000 seeds, one parallel job per CPU, delays "20 0" (async work
-# delayed by 20 us, and run as soon as its worker gets to it), 1 of the 9 variants per seed
-# besides the run without the shim (all 9 over every 9 seeds, each under both delays), 150
+# delayed by 20 us, and run as soon as its worker gets to it), 1 of the 10 variants per seed
+# besides the run without the shim (all 10 over every 10 seeds, each under both delays), 150
 # operations per thread, 256 live blocks per thread (1024 per process), hostile operations on,
 # a two-hour deadline: 2000 runs, 1.27 million operations, about 35 minutes on 2 cores (the
 # runs' time is mostly the kernel's: page faults, mappings, forks); each setting above still
@@ -94,6 +94,10 @@ ALL_VARIANTS=(
     # tests/check_trace.sh's to check; here, that tracing changes nothing under threads, forks and
     # signals).
     "full-traced|PINSHIM_MODE=full PINSHIM_TRACE=/dev/null $SMALL"
+    # Every registration takes 2 ms, as a real one of a few dozen MiB does: background
+    # registrations and the staging buffers' stay under way while frees, munmaps, forks, program
+    # registrations and copies of the same blocks go on.
+    "full-slow-register|PINSHIM_MODE=full PINSHIM_BUDGET=16M FAKECUDA_REGISTER_DELAY_US=2000 $SMALL"
     "pin-4M|PINSHIM_MODE=pin PINSHIM_BUDGET=4M PINSHIM_MIN_SIZE=4K"
 )
 EXTRA_VARIANTS=" pin-4M "
