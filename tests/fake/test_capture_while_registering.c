@@ -6,8 +6,8 @@
  * mode while another thread's global-mode capture runs is refused and invalidates that capture,
  * so the shim's threads must register in relaxed mode.  Two cases, each with a global capture on
  * a non-blocking stream of pinned-memory copies that stays open for 0.6 s:
- *   - the process's first large pageable copy has the staging buffers built by a thread of their
- *     own; the copy returns before their registration ends and the capture begins at once;
+ *   - the program's first cuMemAlloc has the staging buffers built by a thread of their own;
+ *     the capture begins before their registration ends;
  *   - a buffer copied again and again is queued for registration in the background; the capture
  *     begins right after its last copy.
  * Each capture must end with CUDA_SUCCESS and its graph must move the right data; the pageable
@@ -72,6 +72,8 @@ int main(void)
 {
     drvtest_init();
     printf("mode=%s\n", drvtest_mode());
+    /* Before the first cuMemAlloc, which has the staging buffers built. */
+    fakecuda_set_register_delay_us(300000);
     CU(cuMemAlloc(&dev_a, n));
     CU(cuMemAlloc(&dev_b, n));
     CU(cuMemHostAlloc((void **)&pin_in, n, 0));
@@ -79,14 +81,14 @@ int main(void)
     CU(cuMemHostAlloc((void **)&check, n, 0));
     CUstream s;
     CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-    fakecuda_set_register_delay_us(300000);
 
-    /* 1: the first large pageable copy has the staging buffers built meanwhile. */
+    /* 1: the staging buffers, whose thread started at the first cuMemAlloc, are still being
+     * registered when the capture begins; the first large pageable copy comes after it. */
+    capture_meanwhile("capture while the staging buffers are registered", s, 2, 600);
     unsigned char *first = malloc(n);
     CHECK(first != NULL);
     fill_pattern(first, n, 1);
     CU(cuMemcpyHtoD(dev_a, first, n));
-    capture_meanwhile("capture while the staging buffers are registered", s, 2, 600);
     expect_on_device("first copy", dev_a, 1);
 
     /* 2: a buffer copied again and again, registered in the background. */
