@@ -305,11 +305,16 @@ int staging_ready(int wait)
  * to be copied into, so its staging buffers are built from here, off the first copy's path.
  * Built at the first copy instead, their registration ran beside that copy's own and the driver
  * made one wait for the other (an H100 host: a 1 MiB first copy took 10.8 ms, its registration
- * 3.3 ms behind the buffers' 7.6).  Never waits; a context with buffers costs one lookup. */
+ * 3.3 ms behind the buffers' 7.6).  Never waits; a context with buffers costs one lookup.  The
+ * call-site walks' unwinder is loaded here too, for a program linked to the driver directly
+ * (no lookup loaded it). */
 CUresult on_mem_alloc(enum hook_id id, CUdeviceptr *dp, size_t n)
 {
     CUresult r = ((PFN_cuMemAlloc_v3020)real_hook[id])(dp, n);
-    if (r == CUDA_SUCCESS && staging_available(SIZE_MAX) && !capture_active())
+    if (r != CUDA_SUCCESS)
+        return r;
+    stats_prepare_sites();
+    if (staging_available(SIZE_MAX) && !capture_active())
         staging_ready(0);
     return r;
 }
