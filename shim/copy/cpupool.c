@@ -385,7 +385,7 @@ static int usable_cpus(void)
 
 /* Start the workers once.  PINSHIM_COPY_THREADS counts the calling thread (1: no pool); 0 means
  * the CPUs local to the GPU, at most AUTO_THREADS_MAX. */
-static void pool_start(void)
+void cpupool_start(void)
 {
     if (__atomic_load_n(&pool.started, __ATOMIC_ACQUIRE))
         return;
@@ -441,7 +441,7 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
         width *= rows;   /* contiguous on both sides: one row, split by bytes */
         rows = 1;
     }
-    pool_start();
+    cpupool_start();
     struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags, 1 };
     size_t total = width * rows;
     /* Small copies in four at most, large ones in slices of at least SLICE_MIN. */

@@ -23,7 +23,8 @@ enum cpupool_flags {
 };
 
 /* Copy `rows` rows of `width` bytes, rows `spitch` / `dpitch` apart.  Returns 1 when copied, 0
- * only with CPUPOOL_TRY when the pool is busy.  The threads start on first use. */
+ * only with CPUPOOL_TRY when the pool is busy.  The threads start on first use, unless
+ * cpupool_start started them before. */
 int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
                  unsigned flags);
 
@@ -36,6 +37,10 @@ void cpupool_copy_here(void *dst, const void *src, size_t n, unsigned flags);
  * slower than one in memory (copies of 2-32 MiB ran at 65-85% of pinned speed until a D2H copy
  * or a flush cleared the lines; bench/gpu_block_layout.cu). */
 int cpupool_flushes(void);
+
+/* Start the threads now (once; later calls return at once).  Creating them takes about a
+ * millisecond: staging's builder does it off the first copy's path. */
+void cpupool_start(void);
 
 /* Threads the pool runs besides the caller (0 before the first copy). */
 int cpupool_workers(void);

@@ -225,6 +225,8 @@ static pthread_t builder;
 static int builder_running, builder_done;   /* lanes_mu; builder_done also atomic */
 static pthread_cond_t builder_cv = PTHREAD_COND_INITIALIZER;   /* with lanes_mu: a build ended */
 
+static void prefer_local_cpus(void);
+
 static void *builder_main(void *arg)
 {
     shim_enter();   /* this thread's work is the shim's own; never left */
@@ -233,8 +235,13 @@ static void *builder_main(void *arg)
     CUcontext ctx = arg, popped;
     if (drv.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
         struct lane *l = lane_acquire(ctx);
-        if (l)
+        if (l) {
             lane_release(l);
+            /* The copy threads too, placed near this device: started by the first staged copy
+             * instead, their start (threads made, sysfs read) lay on its path. */
+            prefer_local_cpus();
+            cpupool_start();
+        }
         drv.cuCtxPopCurrent_v2(&popped);
     }
     pthread_mutex_lock(&lanes_mu);
@@ -756,7 +763,6 @@ out:
 
 void staging_shutdown(void)
 {
-    cpupool_shutdown();
     if (!shim_forked_child) {
         pthread_mutex_lock(&lanes_mu);
         int running = builder_running;
@@ -767,6 +773,7 @@ void staging_shutdown(void)
     } else {
         builder_running = 0;
     }
+    cpupool_shutdown();   /* after the builder, which starts the copy threads */
     if (shim_forked_child) {
         /* The child must not touch the driver: forget the lanes (their lock may have been held
          * by a thread that is gone) and give the buffers' pages back. */

@@ -8,11 +8,41 @@
  * registered after cuMemAlloc and before any copy, and the first copy, 1 MiB from a fresh
  * resident buffer, is staged: its block is not registered (EXPECTED_STAGED). Without the shim,
  * and where the shim does not stage (modes off, observe, pin), cuMemAlloc registers nothing.
- * Every byte lands in every variant. */
+ * The copy threads are started there too (on a machine of more than one CPU), not by the first
+ * staged copy. Every byte lands in every variant. */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <time.h>
+#include <unistd.h>
 #include "drvtest.h"
 #include "fakecuda.h"
+
+/* Threads of this process named as the shim names its copy threads. */
+static int copy_threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    int count = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[300], name[32] = "";
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0)
+            continue;
+        ssize_t len = read(fd, name, sizeof name - 1);
+        close(fd);
+        if (len > 0 && !strncmp(name, "pinshim-copy", 12))
+            count++;
+    }
+    closedir(d);
+    return count;
+}
 
 static void sleep_ms(long ms)
 {
@@ -49,6 +79,14 @@ int main(void)
         CHECKF(ahead > 0, "the staging buffers are registered after the first cuMemAlloc, before any copy");
     if (never_stages)
         CHECKF(ahead == 0, "cuMemAlloc registers nothing where the shim does not stage (mode %s)", mode);
+    cpu_set_t cpus;
+    int several = sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) > 1;
+    int threads = copy_threads();
+    printf("info: %d copy threads before the first copy\n", threads);
+    if (stages_by_default && several && !getenv("PINSHIM_COPY_THREADS"))
+        CHECKF(threads > 0, "the copy threads are started with the staging buffers, before the first copy");
+    if (never_stages)
+        CHECKF(threads == 0, "no copy threads where the shim does not stage (mode %s)", mode);
 
     CU(cuMemcpyHtoD(dev, src, n));
     if (stages_by_default)
