@@ -424,6 +424,22 @@ static CUresult register_range(uintptr_t base, size_t len, unsigned flags)
     return ((PFN_cuMemHostRegister_v6050)real_hook[HOOK_cuMemHostRegister_v2])((void *)base, len, flags);
 }
 
+/* An unregister runs inside the program's free, munmap or realloc, where without the shim no
+ * driver code runs.  The driver takes the C library's locks inside its calls (allocating), so a
+ * signal handler of the program that allocates (as sampling profilers do) and lands there would
+ * wait for them forever: the thread's asynchronous signals wait until the call is over
+ * (contract rule 10; the stress run's signal thread hung this way on the fake driver).  Signals
+ * a fault raises stay deliverable. */
+static void block_async_signals(sigset_t *old)
+{
+    sigset_t set;
+    sigfillset(&set);
+    static const int synchronous[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS };
+    for (unsigned i = 0; i < sizeof synchronous / sizeof synchronous[0]; i++)
+        sigdelset(&set, synchronous[i]);
+    pthread_sigmask(SIG_BLOCK, &set, old);
+}
+
 /* Unregister a registration no copy can see any more.  Pushes the registering context: a free()
  * may come from a thread that never used CUDA. */
 static void unregister_range(uintptr_t base, size_t len, CUcontext ctx, int async_pending)
@@ -432,6 +448,8 @@ static void unregister_range(uintptr_t base, size_t len, CUcontext ctx, int asyn
         return;
     uint64_t t0 = shim_now_ns();
     nvtx_push("pinshim unregister");
+    sigset_t signals;
+    block_async_signals(&signals);
     CUstreamCaptureMode saved_mode = drv_relax_capture();
     int pushed = ctx && drv.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
     if (async_pending && drv.cuCtxSynchronize)
@@ -442,6 +460,7 @@ static void unregister_range(uintptr_t base, size_t len, CUcontext ctx, int asyn
         drv.cuCtxPopCurrent_v2(&ignored);
     }
     drv_restore_capture(saved_mode);
+    pthread_sigmask(SIG_SETMASK, &signals, NULL);
     nvtx_pop();
     if (r != CUDA_SUCCESS)
         shim_log_once(LOG_INFO, "unregister of a promoted block failed (error %d)", (int)r);

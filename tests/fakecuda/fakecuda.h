@@ -40,6 +40,13 @@ void *fakecuda_driver_mmap(size_t n);
  * long enough for a program's stream capture to begin while a background one is under way. */
 void fakecuda_set_register_delay_us(unsigned us);
 
+/* Make every cuMemHostUnregister raise signal sig on the calling thread midway, while it holds
+ * its locks (0: never, the default): a real driver takes the C library's locks inside its calls,
+ * and a program's signal handler that allocates must not run there.  fakecuda_in_unregister()
+ * says, from a handler, whether it interrupted that window. */
+void fakecuda_set_unregister_signal(int sig);
+int fakecuda_in_unregister(void);
+
 /* Violations detected so far (each also printed as "fakecuda: VIOLATION: ..." on stderr). */
 unsigned long fakecuda_violations(void);
 /* Calls so far of the exported entry point with that exact symbol name ("cuMemcpyHtoD_v2"). */

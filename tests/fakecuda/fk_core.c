@@ -19,6 +19,8 @@ int fk_check_source = 1;
 int fk_pageable_hpt;
 int fk_no_host_register;
 unsigned fk_register_delay_us;
+int fk_unregister_signal;
+__thread volatile sig_atomic_t fk_in_unregister;
 int fk_forked_child;
 static int fk_exit_status = 86;
 fk_ctx fk_ctxs[FK_MAX_DEV];
@@ -164,6 +166,17 @@ FK_PUBLIC void fakecuda_set_register_delay_us(unsigned us)
 {
     fk_setup();
     __atomic_store_n(&fk_register_delay_us, us, __ATOMIC_RELAXED);
+}
+
+FK_PUBLIC void fakecuda_set_unregister_signal(int sig)
+{
+    fk_setup();
+    __atomic_store_n(&fk_unregister_signal, sig, __ATOMIC_RELAXED);
+}
+
+FK_PUBLIC int fakecuda_in_unregister(void)
+{
+    return fk_in_unregister;
 }
 
 FK_PUBLIC unsigned long fakecuda_calls(const char *symbol)

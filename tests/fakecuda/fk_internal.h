@@ -9,6 +9,7 @@
 #endif
 #include <cuda.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -70,6 +71,8 @@ extern int fk_check_races;
 extern int fk_pageable_hpt;
 extern int fk_no_host_register;
 extern unsigned fk_register_delay_us;
+extern int fk_unregister_signal;                  /* fakecuda_set_unregister_signal */
+extern __thread volatile sig_atomic_t fk_in_unregister;
 extern int fk_forked_child;
 
 void fk_setup(void);

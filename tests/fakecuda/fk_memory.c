@@ -432,6 +432,12 @@ FK_API(cuMemHostUnregister, (void *p))
     fk_hreg *h = fk_hreg_find(p, 1);
     if (!h || h->hostalloc || hreg_dying(h)) { r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED; goto out; }
     if (h->base != (char *)p) { r = CUDA_ERROR_INVALID_VALUE; goto out; }
+    int sig = __atomic_load_n(&fk_unregister_signal, __ATOMIC_RELAXED);
+    if (sig) {
+        fk_in_unregister = 1;
+        raise(sig);   /* delivered here unless the caller blocked it */
+        fk_in_unregister = 0;
+    }
     hreg_retire(h, "cuMemHostUnregister");
     fk_free(h);
 out:
