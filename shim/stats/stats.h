@@ -138,8 +138,8 @@ void stats_set_tracking_reader(stats_tracking_reader read);
 void stats_record_site(const struct copy_record *r);
 /* Load what call-site walks need (the unwinder, the shim's own address) before the first copy.
  * The program's driver lookups (dlsym, cuGetProcAddress) and device allocations call it, during
- * its CUDA start-up: otherwise a process's first walk loads the unwinder on its first large copy (a dlopen,
- * typically 0.3-0.7 ms). */
+ * its CUDA start-up: otherwise a process's first walk loads the unwinder on its first large
+ * copy (a dlopen, typically 0.3-0.7 ms). */
 void stats_prepare_sites(void);
 
 /* Read-only views for tests and the report. */
