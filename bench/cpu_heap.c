@@ -15,8 +15,8 @@
  * median over --batches (5); faults are the process's minor faults (getrusage) over the
  * batch, per pair.  Two untimed batches of --touch bytes (64M) worth of pairs per thread (at
  * least --min-pairs, 1) come first: one to warm the allocator up (its first mappings and page
- * faults, which would make a cell look slower than it runs and give it too few pairs), then one
- * that sets the pairs of the timed ones: enough for --batch-ms (10 ms) each, at most
+ * faults, which would make a cell look slower than it runs and give it too few pairs), then at
+ * least one (see run_cell) that sets the pairs of the timed ones: enough for --batch-ms (10 ms) each, at most
  * --max-pairs (100000) and --touch-max bytes (4G) per thread, so that short cells are not lost
  * in the timer's and the scheduler's noise and long ones stay short; a cell whose batches
  * would take more than --cell-ms (250 ms) in all makes fewer of them, 3 at least.
@@ -165,7 +165,6 @@ static int run_cell(const char *test, size_t size, int threads, int live)
         c.pairs = o.min_pairs;
     if (c.pairs > o.max_pairs)
         c.pairs = o.max_pairs;
-    long pairs0 = c.pairs;
     pthread_barrier_init(&c.start, NULL, (unsigned)threads + 1);
     pthread_barrier_init(&c.done, NULL, (unsigned)threads + 1);
     struct worker *w = calloc((size_t)threads, sizeof *w);
@@ -183,7 +182,13 @@ static int run_cell(const char *test, size_t size, int threads, int live)
     double ns[MAX_BATCHES], faults[MAX_BATCHES];
     int batches = o.batches;
     /* Batch -2 warms the cell up (the allocator's first mappings and faults), batch -1, warm,
-     * sets the pairs of the timed ones. */
+     * sets the pairs of the timed ones.  An allocator may still be changing its ways in the first
+     * batch -1 (the C library moves its mmap threshold up as blocks are freed, then faults its
+     * heap in): pairs set from that slow run can be a hundredth of what the cell needs, and the
+     * timed batches would then be too short to time.  So batch -1 runs at least twice, and again
+     * (CALIBRATIONS in all, at most) while the pairs it set run in under half of --batch-ms. */
+    enum { CALIBRATIONS = 4 };
+    int calibrations = 0;
     for (int b = -2; b < batches; b++) {
         /* The workers wait at a barrier whenever this thread reads the fault count.  The cell's
          * time is the workers' own, from the first start to the last end: this thread may be
@@ -203,16 +208,23 @@ static int run_cell(const char *test, size_t size, int threads, int live)
             /* The workers read c.pairs only after the next start barrier. */
             double want = o.batch_ms * 1e-3, took = t1 - t0;
             long cap = (long)(o.touch_max / size);
+            long next = c.pairs;
             if (took < want) {
                 double more = took > 0 ? want / took : 1e6;
-                c.pairs = more * (double)c.pairs > (double)o.max_pairs ? o.max_pairs
-                                                                       : (long)(more * (double)c.pairs + 1);
+                next = more * (double)c.pairs > (double)o.max_pairs ? o.max_pairs : (long)(more * (double)c.pairs + 1);
             }
-            if (c.pairs > cap)
-                c.pairs = cap > o.min_pairs ? cap : o.min_pairs;
+            if (next > cap)
+                next = cap > o.min_pairs ? cap : o.min_pairs;
+            double batch_s = took * (double)next / (double)c.pairs;
+            calibrations++;
+            int again = calibrations < CALIBRATIONS && (calibrations == 1 || (took < want / 2 && next > c.pairs));
+            c.pairs = next;
+            if (again) {
+                b--;
+                continue;
+            }
             /* Long cells (faulting in large blocks on many threads) make fewer batches, 3 at
              * least. */
-            double batch_s = took * (double)c.pairs / (double)pairs0;
             if (batch_s * batches > o.cell_ms * 1e-3) {
                 int fit = (int)(o.cell_ms * 1e-3 / (batch_s > 0 ? batch_s : 1));
                 batches = fit < 3 ? 3 : fit;
