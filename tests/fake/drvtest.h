@@ -123,6 +123,14 @@ static inline int drvtest_expect_promotion(size_t n)
     return drvtest_promotes() && !getenv("PINSHIM_BUDGET") && n >= drvtest_min_size();
 }
 
+/* Sleeps ms milliseconds, all of them (a signal does not cut it short). */
+static inline void drvtest_sleep_ms(long ms)
+{
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
 /* A block that proved reused is registered off the copy's path (its copies are staged until
  * then): where the shim is expected to promote [p, p+n), wait until the driver sees it
  * registered, for up to two seconds.  Returns whether it is. */
@@ -131,10 +139,8 @@ static inline int drvtest_wait_registered(const void *p, size_t n)
 {
     if (!drvtest_expect_promotion(n))
         return fakecuda_registered(p, n);
-    for (int i = 0; i < 2000 && !fakecuda_registered(p, n); i++) {
-        struct timespec ms = { 0, 1000000 };
-        nanosleep(&ms, NULL);
-    }
+    for (int i = 0; i < 2000 && !fakecuda_registered(p, n); i++)
+        drvtest_sleep_ms(1);
     return fakecuda_registered(p, n);
 }
 

@@ -22,13 +22,6 @@ static const size_t n = 8u << 20;
 static CUdeviceptr dev_a, dev_b;
 static unsigned char *pin_in, *pin_out, *check;
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 /* A global capture on s of pinned H2D then D2H, held open for hold_ms, ended and launched. */
 static void capture_meanwhile(const char *name, CUstream s, unsigned seed, long hold_ms)
 {
@@ -42,7 +35,7 @@ static void capture_meanwhile(const char *name, CUstream s, unsigned seed, long 
     CHECKF(r == CUDA_SUCCESS, "%s: captured H2D from pinned memory (got %d)", name, (int)r);
     r = cuMemcpyDtoHAsync(pin_out, dev_b, n, s);
     CHECKF(r == CUDA_SUCCESS, "%s: captured D2H into pinned memory (got %d)", name, (int)r);
-    sleep_ms(hold_ms);
+    drvtest_sleep_ms(hold_ms);
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     CU(cuStreamIsCapturing(s, &st));
     CHECKF(st == CU_STREAM_CAPTURE_STATUS_ACTIVE, "%s: the capture is still active after %ld ms (status %d)", name,

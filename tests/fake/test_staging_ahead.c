@@ -44,13 +44,6 @@ static int copy_threads(void)
     return count;
 }
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) != 0)
-        ;
-}
-
 int main(void)
 {
     drvtest_init();
@@ -72,8 +65,8 @@ int main(void)
      * then for the thread to mark them built. */
     size_t ahead = 0;
     for (int i = 0; i < 500 && !(ahead = fakecuda_registered_bytes()); i++)
-        sleep_ms(10);
-    sleep_ms(200);
+        drvtest_sleep_ms(10);
+    drvtest_sleep_ms(200);
     printf("info: mode %s: %zu bytes registered after cuMemAlloc, before any copy\n", mode, ahead);
     if (stages_by_default)
         CHECKF(ahead > 0, "the staging buffers are registered after the first cuMemAlloc, before any copy");
