@@ -60,6 +60,8 @@ VARIANTS=(
 # the program's own pinning calls (EXPECTED_PINNING, every mode but off, whose doors call no
 # handler: keys of the "program_pinning" object, each kind of call made also timed),
 # the stacks walked for call sites (EXPECTED_WALKS max=N: call_site_walks at most N),
+# the never-touched destinations staging faulted in ahead of its copies (EXPECTED_PREFAULT bytes=N:
+# never more than N; all N where every D2H copy was staged),
 # and the call sites (EXPECTED_SITE exact|sampled size=S copies=N bytes=B, every mode: the site
 # whose copies are of size S; exact: those numbers, not marked sampled; sampled: marked, count
 # and bytes within a third of the truth), the copies staged (EXPECTED_STAGED copies=N: all N, or
@@ -80,6 +82,9 @@ for line in open(log, errors="replace"):
     m = re.match(r"EXPECTED_STAGED copies=([0-9]+)", line)
     if m:
         want["STAGED"] = int(m.group(1))
+    m = re.match(r"EXPECTED_PREFAULT bytes=([0-9]+)", line)
+    if m:
+        want["PREFAULT"] = int(m.group(1))
     m = re.match(r"EXPECTED_BOUNCE shared=([01])", line)
     if m:
         want["BOUNCE"] = int(m.group(1))
@@ -119,6 +124,12 @@ if "STAGED" in want:
     if staging.get("count", 0) + late["count"] != want["STAGED"] or late["seconds"] < 0.1 * late["count"]:
         bad.append(f"staged {staging.get('count', 0)} copies of {want['STAGED']}; {late['count']} took the "
                    f"driver's path after {late['seconds']:.3f} s in all (each must wait 0.1 s for the buffers)")
+if "PREFAULT" in want:
+    got = staging.get("prefaulted_bytes", 0)
+    staged_all = stats["memory"]["staged"]["count"] == stats["copies"]["d2h"]["count"]
+    if got > want["PREFAULT"] or (staged_all and got != want["PREFAULT"]):
+        bad.append(f"prefaulted {got} bytes; the fresh contiguous destinations hold {want['PREFAULT']}"
+                   + (" and every D2H copy was staged" if staged_all else ""))
 if staging.get("flushed_bytes", 0) > staging.get("bytes", 0):
     bad.append(f"staging flushed {staging.get('flushed_bytes')} bytes, more than it staged ({staging.get('bytes')})")
 if "WALKS" in want and stats.get("call_site_walks", 0) > want["WALKS"]:

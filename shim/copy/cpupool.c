@@ -41,10 +41,11 @@
 
 struct copy_job {
     char *dst;
-    const char *src;
+    const char *src;           /* NULL: a prefault of [dst, dst + width) (cpupool_prefault) */
     size_t dpitch, spitch, width, rows;
     unsigned flags;
     unsigned nslices;
+    size_t slice_bytes;        /* a prefault's slices: this many bytes from a huge-page boundary */
 };
 
 /* Where a job lives while its slices are handed out.  `word` holds the job's ticket (bits
@@ -209,6 +210,18 @@ void cpupool_copy_here(void *dst, const void *src, size_t n, unsigned flags)
 
 static void run_slice(const struct copy_job *j, unsigned i)
 {
+    if (!j->src) {
+        /* Slice i of a prefault: whole huge pages, counted from the one dst lies in. */
+        uintptr_t start = (uintptr_t)j->dst, end = start + j->width;
+        uintptr_t lo = (start & ~(SHIM_HUGE_PAGE - 1)) + (uintptr_t)i * j->slice_bytes, hi = lo + j->slice_bytes;
+        if (lo < start)
+            lo = start;
+        if (hi > end)
+            hi = end;
+        if (lo < hi)
+            populate((const char *)lo, hi - lo, MADV_POPULATE_WRITE);
+        return;
+    }
     if (j->rows == 1) {
         /* Slices of whole 64-byte lines, so that streaming stores meet at line boundaries. */
         size_t per = ((j->width + j->nslices - 1) / j->nslices + 63) & ~(size_t)63;
@@ -434,6 +447,8 @@ int cpupool_workers(void)
     return __atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED);
 }
 
+static void run_job(const struct copy_job *jp);
+
 int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
                  unsigned flags)
 {
@@ -442,7 +457,7 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
         rows = 1;
     }
     cpupool_start();
-    struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags, 1 };
+    struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags, 1, 0 };
     size_t total = width * rows;
     /* Small copies in four at most, large ones in slices of at least SLICE_MIN. */
     size_t min_slice = total < 16 * SLICE_MIN ? (total / 4 > 4096 ? total / 4 : 4096) : SLICE_MIN;
@@ -461,6 +476,14 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
         for (int k = 0; k < MAX_JOBS; k++)
             if (__atomic_load_n(&pool.slots[k].owned, __ATOMIC_RELAXED))
                 return 0;
+    run_job(&job);
+    return 1;
+}
+
+/* Post a job of several slices, take a share of them, return when all are done. */
+static void run_job(const struct copy_job *jp)
+{
+    struct copy_job job = *jp;
     struct job_slot *s = NULL;
     for (int k = 0; k < MAX_JOBS && !s; k++) {
         int free_slot = 0;
@@ -472,7 +495,7 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
         /* Every slot busy (more pipelines at once than it was sized for): alone, still right. */
         for (unsigned i = 0; i < job.nslices; i++)
             run_slice(&job, i);
-        return 1;
+        return;
     }
     s->job = job;
     uint64_t ticket = __atomic_add_fetch(&pool.tickets, 1, __ATOMIC_RELAXED);
@@ -510,7 +533,29 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
     __atomic_store_n(&s->done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->word, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->owned, 0, __ATOMIC_RELEASE);
-    return 1;
+}
+
+size_t cpupool_prefault(void *p, size_t n)
+{
+    if (!n || __atomic_load_n(&populate_broken, __ATOMIC_RELAXED))
+        return 0;
+    uintptr_t start = page_down((uintptr_t)p), end = page_up((uintptr_t)p + n);
+    if (os_resident_bytes(start, SHIM_PAGE_SIZE) != 0)
+        return 0;   /* resident already (a reused block): nothing to gain */
+    cpupool_start();
+    /* Each thread faults in whole huge pages: where transparent huge pages back the range, a
+     * huge page split between threads is cleared by one of them while the others wait. */
+    uintptr_t first = start & ~(SHIM_HUGE_PAGE - 1);
+    size_t huge = (end - first + SHIM_HUGE_PAGE - 1) / SHIM_HUGE_PAGE;
+    size_t parts = (size_t)__atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) + 1;
+    size_t per = (huge + parts - 1) / parts;
+    struct copy_job job = { (char *)start, NULL, 0, 0, end - start, 1, CPUPOOL_FAULT_DST, 0, per * SHIM_HUGE_PAGE };
+    job.nslices = (unsigned)((huge + per - 1) / per);
+    if (job.nslices <= 1)
+        run_slice(&job, 0);
+    else
+        run_job(&job);
+    return __atomic_load_n(&populate_broken, __ATOMIC_RELAXED) ? 0 : end - start;
 }
 
 void cpupool_shutdown(void)

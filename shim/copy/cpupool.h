@@ -38,6 +38,14 @@ void cpupool_copy_here(void *dst, const void *src, size_t n, unsigned flags);
  * or a flush cleared the lines; bench/gpu_block_layout.cu). */
 int cpupool_flushes(void);
 
+/* Fault in the pages of [p, p+n) for writing, over the threads, each taking whole huge pages
+ * (2 MiB): where transparent huge pages back the range, threads that share one wait while one
+ * of them clears it, which slices of a few hundred KiB (a copy's) make them do.  For a copy's
+ * never-touched destination, while the DMAs that will fill the staging buffers run.  Does
+ * nothing when the first page is resident or the kernel cannot populate (before Linux 5.14).
+ * Returns the bytes it faulted in (0: nothing done). */
+size_t cpupool_prefault(void *p, size_t n);
+
 /* Start the threads now (once; later calls return at once).  Creating them takes about a
  * millisecond: staging's builder does it off the first copy's path. */
 void cpupool_start(void);

@@ -532,6 +532,23 @@ fail:
     return RUN_DONE;
 }
 
+/* A D2H copy's destination of at least PREFAULT_MIN contiguous bytes, never touched, is faulted
+ * in by all the copy threads at once while the first DMAs run (cpupool_prefault).  Faulted in
+ * piece by piece, after each piece's DMA, no fault overlaps a DMA, and the threads that split a
+ * piece of a few MiB share its huge pages (one clears each while the others wait): staged
+ * copies into a checkpoint's fresh CPU tensors ran at 12 GB/s that way.  Below two huge pages,
+ * the pieces' own slices fault as well. */
+#define PREFAULT_MIN (2 * SHIM_HUGE_PAGE)
+
+static void prefault_destination(const struct stage_req *req)
+{
+    if (req->height != 1 && req->host_pitch != req->width)
+        return;   /* rows with gaps: only the rows are the program's to write */
+    size_t n = req->width * req->height;
+    if (n >= PREFAULT_MIN)
+        stats_add(STAT_STAGING_PREFAULTED_BYTES, cpupool_prefault(req->host, n));
+}
+
 /* D2H: DMAs run up to nbuf ahead; as each completes its piece is copied out by the pool.
  * Complete on return (the program may read its memory at once). */
 static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size_t piece, CUresult *result)
@@ -542,7 +559,7 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
     CUresult r = CUDA_SUCCESS;
     unsigned issued = 0, completed = 0;
     unsigned flags = pool_flags(DIR_D2H);
-    int more = 1;
+    int more = 1, prefaulted = 0;
     for (;;) {
         while (more && issued - completed < l->nbuf) {
             unsigned b = issued % l->nbuf;
@@ -559,6 +576,10 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
         }
         if (completed == issued)
             break;
+        if (!prefaulted) {
+            prefaulted = 1;
+            prefault_destination(req);
+        }
         unsigned b = completed % l->nbuf;
         if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
             goto fail;

@@ -905,10 +905,11 @@ static void write_json(struct out *o)
             C(REWRITE_SYNC_TO_ASYNC), C(REWRITE_ASYNC_WAITED), seconds(stats_get(STAT_ORDERING_WAIT_NS)));
     out_fmt(o, "\"staging\":{\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"failures\":%llu,"
                "\"pieces\":%llu,\"cpu_seconds\":%.6f,\"wait_seconds\":%.6f,\"one_shot\":%llu,"
-               "\"while_registering\":%llu,\"flushed_bytes\":%llu},\n",
+               "\"while_registering\":%llu,\"flushed_bytes\":%llu,\"prefaulted_bytes\":%llu},\n",
             C(STAGED_COPIES), C(STAGED_BYTES), seconds(stats_get(STAT_STAGED_NS)), C(STAGING_FAILURES),
             C(STAGING_PIECES), seconds(stats_get(STAT_STAGING_CPU_NS)), seconds(stats_get(STAT_STAGING_WAIT_NS)),
-            C(STAGED_ONE_SHOT), C(STAGED_WHILE_REGISTERING), C(STAGING_FLUSHED_BYTES));
+            C(STAGED_ONE_SHOT), C(STAGED_WHILE_REGISTERING), C(STAGING_FLUSHED_BYTES),
+            C(STAGING_PREFAULTED_BYTES));
     out_fmt(o, "\"background\":{\"registrations\":%llu,\"cached_on_free\":%llu},\n",
             C(BACKGROUND_REGISTRATIONS), C(CACHED_ON_FREE));
     out_fmt(o, "\"bounce\":{\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"to_pinned\":%llu,"

@@ -52,6 +52,7 @@ enum mem_kind {
     X(STAGING_WAIT_NS, "staging_wait_ns")                   \
     X(STAGING_PIECES, "staging_pieces")                     \
     X(STAGING_FLUSHED_BYTES, "staging_flushed_bytes")       \
+    X(STAGING_PREFAULTED_BYTES, "staging_prefaulted_bytes") \
     X(BOUNCE_COPIES, "bounce_copies")                       \
     X(BOUNCE_BYTES, "bounce_bytes")                         \
     X(BOUNCE_NS, "bounce_ns")                               \

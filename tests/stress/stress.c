@@ -8,7 +8,8 @@
  * (madvise DONTNEED, MAP_FIXED over a mapping), pinned and unpinned by the program itself
  * (cuMemHostRegister / cuMemHostUnregister, including ranges the shim may have promoted and
  * calls whose answer is an error), filled with seeded content and copied in every direction
- * (HtoD, DtoH, DtoD, unified cuMemcpy, 2D and 3D with pitches), sync and async, through every
+ * (HtoD, DtoH, DtoD, unified cuMemcpy, 2D and 3D with pitches; into never-touched memory too,
+ * which staging faults in ahead of its DMAs), sync and async, through every
  * door (linked symbols, the linked _ptds/_ptsz symbols, dlsym, cuGetProcAddress with flags 0 and
  * with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), on the legacy stream, the per-thread
  * default stream and created blocking and non-blocking streams, with device work

@@ -1,7 +1,8 @@
 /* The copy threads on their own, no driver: many callers at once (more than the pool has job
  * slots, so that some copy alone), copies of every shape (one row, rows with pitches, sizes that
  * split into one slice or many), each flag, never-touched destinations; every byte checked, and
- * the bytes around each destination left alone.  Then the pool stopped and started again. */
+ * the bytes around each destination left alone.  Then the pool stopped and started again, and
+ * cpupool_prefault checked on never-touched ranges. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -11,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include "base/config.h"
+#include "base/os.h"
 #include "base/real.h"
 #include "base/shim.h"
 #include "copy/cpupool.h"
@@ -176,6 +178,55 @@ static void run_callers(const char *label)
            label, copies + refused, (unsigned long)CALLERS * rounds);
 }
 
+/* cpupool_prefault: a never-touched range is resident afterwards, all of it and nothing beyond
+ * it (ranges that start and end inside pages and inside huge pages, backed by huge pages or
+ * not); a range whose first page is resident is left as it is; what a range holds is unchanged. */
+static void check_prefault(void)
+{
+    const size_t len = 24 * M;
+    for (int huge = 0; huge < 2; huge++) {
+        for (int shape = 0; shape < 3; shape++) {
+            /* Room for a range that starts 2 MiB + 5 KiB + 17 bytes in, with a page spare on each
+             * side that must stay untouched. */
+            unsigned char *map = mmap(NULL, len + 8 * M, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            CHECKF(map != MAP_FAILED, "mmap");
+            if (map == MAP_FAILED)
+                return;
+            unsigned char *base = (unsigned char *)(((uintptr_t)map + 2 * M - 1) & ~(uintptr_t)(2 * M - 1));
+            if (huge)
+                madvise(base, len + 4 * M, MADV_HUGEPAGE);
+            size_t off = shape == 0 ? 4 * K : shape == 1 ? 2 * M + 5 * K + 17 : 9 * K + 1;
+            size_t n = shape == 0 ? len : shape == 1 ? len - 3 * M - 100 : 5 * M + 3;
+            unsigned char *p = base + off;
+            uintptr_t first = page_down((uintptr_t)p), last = page_up((uintptr_t)p + n);
+            size_t got = cpupool_prefault(p, n);
+            size_t resident = os_resident_bytes(first, last - first);
+            CHECKF(got == last - first && resident == last - first,
+                   "prefault (huge=%d shape=%d) of %zu bytes: returned %zu, %zu of %zu resident", huge, shape, n, got,
+                   resident, (size_t)(last - first));
+            if (!huge) {
+                /* Pages of 4 KiB: the pages either side stay untouched. */
+                CHECKF(os_resident_bytes(first - 4 * K, 4 * K) == 0 && os_resident_bytes(last, 4 * K) == 0,
+                       "prefault (shape=%d) touched a page beyond the range", shape);
+            }
+            size_t zeros = 0;
+            for (size_t i = 0; i < n; i += 4 * K)
+                zeros += p[i] == 0;
+            CHECKF(zeros == (n + 4 * K - 1) / (4 * K), "prefaulted pages read as zero");
+            /* Written, then prefaulted again: resident, so nothing is done and nothing changes. */
+            for (size_t i = 0; i < n; i++)
+                p[i] = pattern(7, i);
+            CHECKF(cpupool_prefault(p, n) == 0, "a resident range is left alone");
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++)
+                bad += p[i] != pattern(7, i);
+            CHECKF(bad == 0, "prefault changed %zu bytes", bad);
+            munmap(map, len + 8 * M);
+        }
+    }
+    CHECKF(cpupool_prefault(NULL, 0) == 0, "an empty range");
+}
+
 int main(void)
 {
     config_load(no_env);
@@ -188,6 +239,7 @@ int main(void)
     cpupool_shutdown();
     CHECKF(cpupool_workers() == 0, "no workers once stopped (%d)", cpupool_workers());
     run_callers("pool started again");
+    check_prefault();
     cpupool_shutdown();
     return TEST_SUMMARY();
 }
