@@ -1,11 +1,12 @@
-/* cpu_memcpy_overhead: the cost of one small memcpy/memmove, to see what an interposed memcpy
- * adds to the calls every program makes by the million.  CPU only.
+/* cpu_memcpy_overhead: the cost of one small memcpy/memmove/memset, to see what an interposed
+ * memcpy adds to the calls every program makes by the million.  CPU only.
  *
  * The compiler turns a memcpy of a small constant size into a few moves, which no library can
  * interpose; so each call here is a real call into whatever memcpy the dynamic linker bound:
- *   memcpy_ptr / memmove_ptr    a constant --size (64) through a volatile function pointer
- *   memcpy_call / memmove_call  a direct call whose size the compiler cannot see (read from a
- *                               volatile variable)
+ *   memcpy_ptr / memmove_ptr / memset_ptr     a constant --size (64) through a volatile
+ *                                             function pointer
+ *   memcpy_call / memmove_call / memset_call  a direct call whose size the compiler cannot see
+ *                                             (read from a volatile variable)
  * The median over --batches (21) of the ns per call of --calls (2000000) calls.  RESULT lines
  * on stdout (bench=memcpy_overhead, read by bench/run_malloc_bench.sh like the other CPU
  * benchmarks), a table on stderr.  It asserts nothing about timings. */
@@ -23,12 +24,13 @@ typedef void *(*copy_fn)(void *, const void *, size_t);
 
 static copy_fn volatile memcpy_ptr = memcpy;
 static copy_fn volatile memmove_ptr = memmove;
+static void *(*volatile memset_ptr)(void *, int, size_t) = memset;
 static volatile size_t hidden_size;
 
 static unsigned char src_buf[4096] __attribute__((aligned(64)));
 static unsigned char dst_buf[4096] __attribute__((aligned(64)));
 
-enum variant { VIA_MEMCPY_PTR, VIA_MEMMOVE_PTR, VIA_MEMCPY_CALL, VIA_MEMMOVE_CALL };
+enum variant { VIA_MEMCPY_PTR, VIA_MEMMOVE_PTR, VIA_MEMCPY_CALL, VIA_MEMMOVE_CALL, VIA_MEMSET_PTR, VIA_MEMSET_CALL };
 
 static double per_call_ns(enum variant v, size_t n, long calls)
 {
@@ -50,6 +52,14 @@ static double per_call_ns(enum variant v, size_t n, long calls)
         for (long i = 0; i < calls; i++)
             memmove(dst_buf, src_buf, hidden_size);
         break;
+    case VIA_MEMSET_PTR:
+        for (long i = 0; i < calls; i++)
+            memset_ptr(dst_buf, 0x5a, n);
+        break;
+    case VIA_MEMSET_CALL:
+        for (long i = 0; i < calls; i++)
+            memset(dst_buf, 0x5a, hidden_size);
+        break;
     }
     return (bu_now() - t0) * 1e9 / (double)calls;
 }
@@ -61,8 +71,11 @@ static void run(const char *test, enum variant v, size_t n, int batches, long ca
     per_call_ns(v, n, calls / 10 + 1); /* warm-up */
     for (int b = 0; b < batches; b++)
         ns[b] = per_call_ns(v, n, calls);
-    if (memcmp(dst_buf, src_buf, n) != 0) {
-        fprintf(stderr, "cpu_memcpy_overhead: %s copied the wrong bytes\n", test);
+    int set = v == VIA_MEMSET_PTR || v == VIA_MEMSET_CALL, bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad |= dst_buf[i] != (set ? 0x5a : src_buf[i]);
+    if (bad) {
+        fprintf(stderr, "cpu_memcpy_overhead: %s wrote the wrong bytes\n", test);
         exit(1);
     }
     double lo = bu_min(ns, batches), hi = bu_max(ns, batches), med = bu_median(ns, batches);
@@ -103,5 +116,7 @@ int main(int argc, char **argv)
     run("memmove_ptr", VIA_MEMMOVE_PTR, size, batches, calls);
     run("memcpy_call", VIA_MEMCPY_CALL, size, batches, calls);
     run("memmove_call", VIA_MEMMOVE_CALL, size, batches, calls);
+    run("memset_ptr", VIA_MEMSET_PTR, size, batches, calls);
+    run("memset_call", VIA_MEMSET_CALL, size, batches, calls);
     return 0;
 }

@@ -57,6 +57,7 @@ VARIANTS=(
 # entry point (EXPECTED_ENTRIES, every mode: the doors count what the program called), and what
 # the registry tracks at exit (EXPECTED_TRACKING, every mode: keys of the "tracking" object),
 # whether large memcpy calls were shared (EXPECTED_BOUNCE shared=0|1: the stats' bounce count),
+# and large memset calls (EXPECTED_BOUNCE_SETS shared=0|1: bounce.sets),
 # the program's own pinning calls (EXPECTED_PINNING, every mode but off, whose doors call no
 # handler: keys of the "program_pinning" object, each kind of call made also timed),
 # the stacks walked for call sites (EXPECTED_WALKS max=N: call_site_walks at most N),
@@ -88,6 +89,9 @@ for line in open(log, errors="replace"):
     m = re.match(r"EXPECTED_BOUNCE shared=([01])", line)
     if m:
         want["BOUNCE"] = int(m.group(1))
+    m = re.match(r"EXPECTED_BOUNCE_SETS shared=([01])", line)
+    if m:
+        want["BOUNCE_SETS"] = int(m.group(1))
     m = re.match(r"EXPECTED_SITE (exact|sampled) (.*)", line)
     if m:
         site = {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}
@@ -116,6 +120,9 @@ if "PINNING" in want and mode != "off":
 if "BOUNCE" in want and (stats["bounce"]["count"] > 0) != bool(want["BOUNCE"]):
     bad.append(f"bounce copies: {stats['bounce']['count']} shared, expected "
                + ("some" if want["BOUNCE"] else "none (every call to the C library)"))
+if "BOUNCE_SETS" in want and (stats["bounce"]["sets"] > 0) != bool(want["BOUNCE_SETS"]):
+    bad.append(f"memset calls: {stats['bounce']['sets']} shared, expected "
+               + ("some" if want["BOUNCE_SETS"] else "none (every call to the C library)"))
 staging = stats.get("staging", {})
 if "STAGED" in want:
     # Every copy staged, save those made while the buffers took longer than the wait's bound to

@@ -1,4 +1,4 @@
-/* The C library's memcpy and memmove for the library's own use (see libc_calls.h), and for the
+/* The C library's memcpy, memmove and memset for the library's own use (see libc_calls.h), and for the
  * program's calls its exports pass on.  Until the C library's are known (the first calls come
  * from the loader's constructors, before the shim's start-up), a plain copy of their own. */
 #include <stddef.h>
@@ -13,6 +13,13 @@ static void *copy_forward(void *dst, const void *src, size_t n)
     __asm__ volatile("rep movsb" : "+D"(d), "+S"(src), "+c"(n) : : "memory");
     return dst;
 }
+
+static void *bootstrap_memset(void *dst, int c, size_t n)
+{
+    void *d = dst;
+    __asm__ volatile("rep stosb" : "+D"(d), "+c"(n) : "a"(c) : "memory");
+    return dst;
+}
 #else
 static void *copy_forward(void *dst, const void *src, size_t n)
 {
@@ -20,6 +27,14 @@ static void *copy_forward(void *dst, const void *src, size_t n)
     const volatile unsigned char *s = src;
     for (size_t i = 0; i < n; i++)
         d[i] = s[i];
+    return dst;
+}
+
+static void *bootstrap_memset(void *dst, int c, size_t n)
+{
+    volatile unsigned char *d = dst;
+    for (size_t i = 0; i < n; i++)
+        d[i] = (unsigned char)c;
     return dst;
 }
 #endif
@@ -37,6 +52,7 @@ static void *bootstrap_memmove(void *dst, const void *src, size_t n)
 
 void *(*shim_next_memcpy)(void *, const void *, size_t) = copy_forward;
 void *(*shim_next_memmove)(void *, const void *, size_t) = bootstrap_memmove;
+void *(*shim_next_memset)(void *, int, size_t) = bootstrap_memset;
 
 __attribute__((visibility("hidden"))) void *shim_libc_memcpy(void *dst, const void *src, size_t n)
 {
@@ -46,4 +62,9 @@ __attribute__((visibility("hidden"))) void *shim_libc_memcpy(void *dst, const vo
 __attribute__((visibility("hidden"))) void *shim_libc_memmove(void *dst, const void *src, size_t n)
 {
     return shim_next_memmove(dst, src, n);
+}
+
+__attribute__((visibility("hidden"))) void *shim_libc_memset(void *dst, int c, size_t n)
+{
+    return shim_next_memset(dst, c, n);
 }

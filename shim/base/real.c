@@ -52,11 +52,15 @@ void real_libc_resolve(void)
     RESOLVE_(memmove, "memmove");
     RESOLVE_(memcpy_chk, "__memcpy_chk");
     RESOLVE_(memmove_chk, "__memmove_chk");
+    RESOLVE_(memset, "memset");
+    RESOLVE_(memset_chk, "__memset_chk");
 #undef RESOLVE_
     if (libc.memcpy)
         __atomic_store_n(&shim_next_memcpy, libc.memcpy, __ATOMIC_RELEASE);
     if (libc.memmove)
         __atomic_store_n(&shim_next_memmove, libc.memmove, __ATOMIC_RELEASE);
+    if (libc.memset)
+        __atomic_store_n(&shim_next_memset, libc.memset, __ATOMIC_RELEASE);
     __atomic_store_n(&libc.dlsym, real_dlsym, __ATOMIC_RELEASE);
     shim_leave();
 }

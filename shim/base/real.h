@@ -28,6 +28,8 @@ struct libc_fns {
     void *(*memmove)(void *, const void *, size_t);
     void *(*memcpy_chk)(void *, const void *, size_t, size_t);
     void *(*memmove_chk)(void *, const void *, size_t, size_t);
+    void *(*memset)(void *, int, size_t);
+    void *(*memset_chk)(void *, int, size_t, size_t);
     void *(*dlsym)(void *, const char *);
 };
 extern struct libc_fns libc;

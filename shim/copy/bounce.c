@@ -10,7 +10,9 @@
  *     of its heap, a mapping of the program's it tracks, memory the program pinned), so that a
  *     copy that would fault faults in the calling thread, by the C library, as without the shim;
  *   - PINSHIM_BOUNCE=pinned: one side is driver-pinned (the program's pinned memory or a block
- *     the shim registered); all: any such pair. */
+ *     the shim registered); all: any such pair.
+ * A memset is shared on the same terms, its destination driver-pinned or, since a framework
+ * clears its result arrays before it copies into them, a heap block that carries transfers. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <sys/mman.h>
@@ -76,6 +78,34 @@ static const char *share(void *dst, const void *src, size_t n)
     return why;
 }
 
+/* NULL when the threads set it; else why not. */
+static const char *share_set(void *dst, int c, size_t n)
+{
+    uintptr_t d = (uintptr_t)dst;
+    if (shim_busy || shim_forked_child)
+        return shim_busy ? "inside_shim" : "fork_child";
+    shim_enter();
+    const char *why = NULL;
+    int pinned = 0;
+    if (!registry_copyable(d, n, PROT_WRITE, &pinned)) {
+        why = "not_known";
+    } else if (shim_cfg.bounce != BOUNCE_ALL && !pinned && !registry_transfer_block(d, n)) {
+        why = "not_pinned";
+    } else {
+        unsigned flags = CPUPOOL_TRY | CPUPOOL_FAULT_DST;
+        uint64_t t0 = shim_ticks();
+        if (cpupool_set(dst, c, n, flags)) {
+            stats_add(STAT_BOUNCE_SETS, 1);
+            stats_add(STAT_BOUNCE_SET_BYTES, n);
+            stats_add(STAT_BOUNCE_SET_NS, shim_ns_since(t0));
+        } else {
+            why = "threads_busy";
+        }
+    }
+    shim_leave();
+    return why;
+}
+
 static void trace_copy(const char *call, uint64_t t0, void *dst, const void *src, size_t n, const char *why)
 {
     trace_event(shim_ns_since(t0), call, "dst=%p src=%p bytes=%zu shared=%d%s%s", dst, src, n, why == NULL,
@@ -101,5 +131,17 @@ void *bounce_memmove(void *dst, const void *src, size_t n)
         shim_next_memmove(dst, src, n);
     if (t0)
         trace_copy("memmove", t0, dst, src, n, why);
+    return dst;
+}
+
+void *bounce_memset(void *dst, int c, size_t n)
+{
+    uint64_t t0 = trace_on() ? shim_ticks() : 0;
+    const char *why = share_set(dst, c, n);
+    if (why)
+        shim_next_memset(dst, c, n);
+    if (t0)
+        trace_event(shim_ns_since(t0), "memset", "dst=%p bytes=%zu shared=%d%s%s", dst, n, why == NULL,
+                    why ? " why=" : "", why ? why : "");
     return dst;
 }

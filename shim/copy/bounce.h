@@ -17,4 +17,11 @@ void bounce_init(void);
 void *bounce_memcpy(void *dst, const void *src, size_t n);
 void *bounce_memmove(void *dst, const void *src, size_t n);
 
+/* A memset of at least bounce_threshold bytes: shared by the threads on the same terms, where
+ * the destination is driver-pinned or a heap block with a mapping of its own that carries
+ * transfers (registry_transfer_block: a framework clears each result array before copying into
+ * it; JAX sets every 512 MiB NumPy array it returns to zero first, 55 ms of one thread);
+ * PINSHIM_BOUNCE=all: any memory the shim knows. */
+void *bounce_memset(void *dst, int c, size_t n);
+
 #endif

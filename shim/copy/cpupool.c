@@ -39,13 +39,21 @@
 
 #define MAX_JOBS 16              /* jobs at once: staging lanes' pieces and bounce copies */
 
+enum job_kind {
+    JOB_COPY,                  /* src to dst */
+    JOB_SET,                   /* dst set to the byte `value` (cpupool_set) */
+    JOB_PREFAULT,              /* dst faulted in (cpupool_prefault) */
+};
+
 struct copy_job {
     char *dst;
-    const char *src;           /* NULL: a prefault of [dst, dst + width) (cpupool_prefault) */
+    const char *src;
     size_t dpitch, spitch, width, rows;
     unsigned flags;
     unsigned nslices;
-    size_t slice_bytes;        /* a prefault's slices: this many bytes from a huge-page boundary */
+    enum job_kind kind;
+    int value;                 /* JOB_SET */
+    size_t slice_bytes;        /* JOB_PREFAULT: slices of this many bytes from a huge-page boundary */
 };
 
 /* Where a job lives while its slices are handed out.  `word` holds the job's ticket (bits
@@ -210,7 +218,19 @@ void cpupool_copy_here(void *dst, const void *src, size_t n, unsigned flags)
 
 static void run_slice(const struct copy_job *j, unsigned i)
 {
-    if (!j->src) {
+    if (j->kind == JOB_SET) {
+        /* Slices of whole 64-byte lines, as a copy's. */
+        size_t per = ((j->width + j->nslices - 1) / j->nslices + 63) & ~(size_t)63;
+        size_t off = (size_t)i * per;
+        if (off < j->width) {
+            size_t n = j->width - off < per ? j->width - off : per;
+            if (j->flags & CPUPOOL_FAULT_DST)
+                populate(j->dst + off, n, MADV_POPULATE_WRITE);
+            memset(j->dst + off, j->value, n);
+        }
+        return;
+    }
+    if (j->kind == JOB_PREFAULT) {
         /* Slice i of a prefault: whole huge pages, counted from the one dst lies in. */
         uintptr_t start = (uintptr_t)j->dst, end = start + j->width;
         uintptr_t lo = (start & ~(SHIM_HUGE_PAGE - 1)) + (uintptr_t)i * j->slice_bytes, hi = lo + j->slice_bytes;
@@ -457,7 +477,7 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
         rows = 1;
     }
     cpupool_start();
-    struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags, 1, 0 };
+    struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags, 1, JOB_COPY, 0, 0 };
     size_t total = width * rows;
     /* Small copies in four at most, large ones in slices of at least SLICE_MIN. */
     size_t min_slice = total < 16 * SLICE_MIN ? (total / 4 > 4096 ? total / 4 : 4096) : SLICE_MIN;
@@ -475,6 +495,27 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
     if (flags & CPUPOOL_TRY)
         for (int k = 0; k < MAX_JOBS; k++)
             if (__atomic_load_n(&pool.slots[k].owned, __ATOMIC_RELAXED))
+                return 0;
+    run_job(&job);
+    return 1;
+}
+
+int cpupool_set(void *dst, int c, size_t n, unsigned flags)
+{
+    cpupool_start();
+    struct copy_job job = { dst, NULL, n, 0, n, 1, flags, 1, JOB_SET, c, 0 };
+    size_t slice = n < 16 * SLICE_MIN ? (n / 4 > 4096 ? n / 4 : 4096) : SLICE_MIN;
+    size_t parts = (size_t)__atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) + 1, k = n / slice;
+    if (k > parts)
+        k = parts;
+    if (k <= 1) {
+        run_slice(&job, 0);
+        return 1;
+    }
+    job.nslices = (unsigned)k;
+    if (flags & CPUPOOL_TRY)
+        for (int i = 0; i < MAX_JOBS; i++)
+            if (__atomic_load_n(&pool.slots[i].owned, __ATOMIC_RELAXED))
                 return 0;
     run_job(&job);
     return 1;
@@ -549,7 +590,8 @@ size_t cpupool_prefault(void *p, size_t n)
     size_t huge = (end - first + SHIM_HUGE_PAGE - 1) / SHIM_HUGE_PAGE;
     size_t parts = (size_t)__atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) + 1;
     size_t per = (huge + parts - 1) / parts;
-    struct copy_job job = { (char *)start, NULL, 0, 0, end - start, 1, CPUPOOL_FAULT_DST, 0, per * SHIM_HUGE_PAGE };
+    struct copy_job job = { (char *)start, NULL, 0, 0, end - start, 1, CPUPOOL_FAULT_DST, 0, JOB_PREFAULT, 0,
+                            per * SHIM_HUGE_PAGE };
     job.nslices = (unsigned)((huge + per - 1) / per);
     if (job.nslices <= 1)
         run_slice(&job, 0);

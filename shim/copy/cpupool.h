@@ -31,6 +31,10 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
 /* The same, without threads (memcpy, or streaming stores): for slices of the caller's own. */
 void cpupool_copy_here(void *dst, const void *src, size_t n, unsigned flags);
 
+/* Set the n bytes at dst to c, split over the threads as a copy is (CPUPOOL_FAULT_DST, CPUPOOL_TRY
+ * apply).  Returns 1 when done, 0 only with CPUPOOL_TRY when the pool is busy. */
+int cpupool_set(void *dst, int c, size_t n, unsigned flags);
+
 /* 1 when CPUPOOL_FLUSH_SRC flushes on this CPU (x86-64: CLFLUSHOPT, else CLFLUSH), 0 when it
  * does nothing.  Why flush: once a block is registered, the copy engine reads it over PCIe, and
  * on the H200's host a line left in one of many cores' caches by the copy threads is read

@@ -55,8 +55,9 @@ static int retain(uintptr_t map, size_t len, int warm)
     return kept;
 }
 
-/* A retained mapping of at least len bytes and not wastefully larger, or 0. */
-static uintptr_t reuse_retained(size_t len, size_t *got_len)
+/* A retained mapping of at least len bytes and not wastefully larger, or 0.  *warm: it was a
+ * warm one. */
+static uintptr_t reuse_retained(size_t len, size_t *got_len, int *warm)
 {
     uintptr_t map = 0;
     if (!__atomic_load_n(&retained_count, __ATOMIC_RELAXED))
@@ -70,6 +71,7 @@ static uintptr_t reuse_retained(size_t len, size_t *got_len)
     if (best != RETAIN_SLOTS) {
         map = retained[best].map;
         *got_len = retained[best].len;
+        *warm = retained[best].warm;
         retained_bytes -= retained[best].len;
         if (retained[best].warm)
             warm_bytes -= retained[best].len;
@@ -88,7 +90,8 @@ static void *huge_alloc(size_t n, size_t align, int zero)
     uint64_t t0 = trace_on() ? shim_ticks() : 0;
     size_t map_len = page_up(n + (align > SHIM_PAGE_SIZE ? align : 0));
     size_t reused_len = 0;
-    void *map = (void *)reuse_retained(map_len, &reused_len);
+    int warm = 0;
+    void *map = (void *)reuse_retained(map_len, &reused_len, &warm);
     if (map) {
         map_len = reused_len;
         if (zero)
@@ -101,7 +104,7 @@ static void *huge_alloc(size_t n, size_t align, int zero)
         os_madvise(map, map_len, MADV_HUGEPAGE);
     }
     uintptr_t base = ((uintptr_t)map + align - 1) & ~(uintptr_t)(align - 1);
-    if (registry_track_huge(base, n, (uintptr_t)map, map_len) != 0) {
+    if (registry_track_huge(base, n, (uintptr_t)map, map_len, warm) != 0) {
         /* An untracked heap block could not be freed later: fail this allocation instead. */
         os_unmap(map, map_len);
         errno = ENOMEM;

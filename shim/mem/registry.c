@@ -63,6 +63,7 @@ struct block {
     uint64_t copies;
     uint64_t bytes_moved;
     uint64_t bytes_filled;    /* written by the program's large memcpy/memmove (a result array) */
+    int warm_reuse;           /* its pages were a warm block's (heap.c): a transfer buffer again */
     uintptr_t copied_lo, copied_hi;   /* the addresses its copies touched, lowest to highest */
     uint64_t last_use_ns;
     unsigned inflight;        /* copies holding its registration now */
@@ -1279,12 +1280,13 @@ int registry_promoted_at(uintptr_t p)
 
 /* ---------------------------------------------------------------- the heap */
 
-int registry_track_huge(uintptr_t base, size_t size, uintptr_t map, size_t map_len)
+int registry_track_huge(uintptr_t base, size_t size, uintptr_t map, size_t map_len, int warm)
 {
     pthread_mutex_lock(&mu);
     struct block *b = record_new();
     int ok = b != NULL;
     if (b) {
+        b->warm_reuse = warm;
         b->base = base;
         b->size = size;
         b->map_base = map;
@@ -1311,6 +1313,19 @@ static int worth_keeping_warm(const struct block *b)
         return 0;
     return b->bytes_filled >= b->map_len / 2 ||
            (b->bytes_moved >= b->map_len / 2 && __atomic_load_n(&promotion_state, __ATOMIC_RELAXED) > 0);
+}
+
+int registry_transfer_block(uintptr_t p, size_t n)
+{
+    if (!index_may_contain(p))
+        return 0;
+    pthread_mutex_lock(&mu);
+    struct block *b = lookup(p, 0);
+    int yes = b && b->origin == ORIGIN_HUGE && !b->dead && b->state == BLOCK_PAGEABLE && p >= b->map_base &&
+              p + n <= b->map_base + b->map_len &&
+              (b->warm_reuse || b->bytes_filled >= b->map_len / 2 || b->bytes_moved >= b->map_len / 2);
+    pthread_mutex_unlock(&mu);
+    return yes;
 }
 
 void registry_note_filled(uintptr_t p, size_t n)

@@ -69,8 +69,9 @@ int registry_program_pinned(uintptr_t p, size_t n);
 
 /* ---- the heap ---- */
 
-/* A heap block with a mapping of its own (too large or too aligned for the arena). */
-int registry_track_huge(uintptr_t base, size_t size, uintptr_t map, size_t map_len);
+/* A heap block with a mapping of its own (too large or too aligned for the arena).  warm: its
+ * pages are those of a freed block that carried transfers (see heap.c). */
+int registry_track_huge(uintptr_t base, size_t size, uintptr_t map, size_t map_len, int warm);
 
 enum registry_free_result {
     REG_FREE_NOT_MINE,     /* no record: not a block the registry knows */
@@ -87,6 +88,9 @@ void *registry_cache_take(size_t n, size_t align);
 /* The program's memcpy/memmove wrote [p, p+n): a huge block mostly filled so is kept resident
  * once freed, for the next allocation of its size (see heap.c). */
 void registry_note_filled(uintptr_t p, size_t n);
+/* 1 when [p, p+n) lies in a pageable huge block that carries transfers: its pages came from a
+ * warm block, or copies or the program's large memcpy/memmove moved most of its bytes. */
+int registry_transfer_block(uintptr_t p, size_t n);
 /* Usable bytes of the huge block at p, or (size_t)-1 when p is not one. */
 size_t registry_huge_usable(uintptr_t p);
 /* realloc of the huge block at p to n bytes in place: 1 done, 0 it must move (*old_size set),

@@ -913,9 +913,9 @@ static void write_json(struct out *o)
     out_fmt(o, "\"background\":{\"registrations\":%llu,\"cached_on_free\":%llu},\n",
             C(BACKGROUND_REGISTRATIONS), C(CACHED_ON_FREE));
     out_fmt(o, "\"bounce\":{\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"to_pinned\":%llu,"
-               "\"from_pinned\":%llu},\n",
+               "\"from_pinned\":%llu,\"sets\":%llu,\"set_bytes\":%llu,\"set_seconds\":%.6f},\n",
             C(BOUNCE_COPIES), C(BOUNCE_BYTES), seconds(stats_get(STAT_BOUNCE_NS)), C(BOUNCE_TO_PINNED),
-            C(BOUNCE_FROM_PINNED));
+            C(BOUNCE_FROM_PINNED), C(BOUNCE_SETS), C(BOUNCE_SET_BYTES), seconds(stats_get(STAT_BOUNCE_SET_NS)));
     out_fmt(o, "\"program_pinning\":{\"host_allocs\":%llu,\"host_alloc_bytes\":%llu,"
                "\"host_alloc_seconds\":%.6f,\"host_frees\":%llu,\"host_free_seconds\":%.6f,"
                "\"registers\":%llu,\"registered_bytes\":%llu,\"register_seconds\":%.6f,"
@@ -1110,8 +1110,9 @@ static void write_report(struct out *o)
                 C(BOUNCE_COPIES), human_bytes(bytes, b1, sizeof b1), seconds(ns));
         if (ns)
             out_fmt(o, " (%.2f GB/s)", (double)bytes / (double)ns);
-        out_fmt(o, "; %llu into and %llu out of driver-pinned memory\n", C(BOUNCE_TO_PINNED),
-                C(BOUNCE_FROM_PINNED));
+        out_fmt(o, "; %llu into and %llu out of driver-pinned memory; %llu memset calls shared, %s, %.4f s\n",
+                C(BOUNCE_TO_PINNED), C(BOUNCE_FROM_PINNED), C(BOUNCE_SETS),
+                human_bytes(stats_get(STAT_BOUNCE_SET_BYTES), b2, sizeof b2), seconds(stats_get(STAT_BOUNCE_SET_NS)));
     }
     out_fmt(o, "the program's own pinning: %llu host allocations (%s, %.4f s), %llu frees (%.4f s), "
                "%llu registrations (%s, %.4f s), %llu unregistrations (%.4f s)\n",

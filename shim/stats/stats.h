@@ -58,6 +58,9 @@ enum mem_kind {
     X(BOUNCE_NS, "bounce_ns")                               \
     X(BOUNCE_TO_PINNED, "bounce_to_pinned")                 \
     X(BOUNCE_FROM_PINNED, "bounce_from_pinned")             \
+    X(BOUNCE_SETS, "bounce_sets")                           \
+    X(BOUNCE_SET_BYTES, "bounce_set_bytes")                 \
+    X(BOUNCE_SET_NS, "bounce_set_ns")                       \
     X(PROGRAM_HOST_ALLOCS, "program_host_allocs")           \
     X(PROGRAM_HOST_ALLOC_BYTES, "program_host_alloc_bytes") \
     X(PROGRAM_HOST_ALLOC_NS, "program_host_alloc_ns")       \

@@ -14,8 +14,9 @@
  * with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM), on the legacy stream, the per-thread
  * default stream and created blocking and non-blocking streams, with device work
  * (fakecuda_launch_write, memsets) in between, and host buffers copied into one another with the
- * program's own memcpy/memmove (overlapping within one buffer too).  Mappings are made read-only with mprotect for a
- * while (copied from, never written) and writable again before the host writes them; the
+ * program's own memcpy/memmove (overlapping within one buffer too) and set with its memset.
+ * Mappings are made read-only with mprotect for a while (copied from, never written) and
+ * writable again before the host writes them; the
  * process forks now and then while the other threads work (the child checks the memory it
  * inherited, allocates and frees large blocks, gets the driver's own error from a copy); each
  * thread keeps a working set of B (default 256) live 64-256 KiB blocks that are replaced,
@@ -663,7 +664,8 @@ static void op_hostsum(thr_t *t)
 }
 
 /* The program's own memcpy/memmove between two host buffers of any kind, or within one
- * (overlapping): a framework's copy into or out of its pinned staging memory.  The shim may share
+ * (overlapping), or its memset of one: a framework's copy into or out of its pinned staging
+ * memory, or its clearing of a result array.  The shim may share
  * a large one among its copy threads (contract rule 11); the bytes must be the C library's. */
 static void op_bounce(thr_t *t)
 {
@@ -678,10 +680,15 @@ static void op_bounce(thr_t *t)
     sub_range(t, src->n, &soff, &len);
     if (len > dst->n) len = dst->n;
     size_t doff = (size_t)rnd(t, dst->n - len + 1);
-    if (i == j || rnd(t, 2))
+    unsigned how = (unsigned)rnd(t, 3);
+    if (how == 0) {
+        t->what = "memset";
+        memset(dst->p + doff, (int)rnd(t, 512) - 128, len);
+    } else if (i == j || how == 1) {
         memmove(dst->p + doff, src->p + soff, len);
-    else
+    } else {
         memcpy(dst->p + doff, src->p + soff, len);
+    }
     logv(t, L_BOUNCE, hash_rows(dst->p + doff, len, 1, 1, len, len));
 }
 
