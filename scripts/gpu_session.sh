@@ -18,7 +18,7 @@
 #                     stage runs under `timeout` of what is left
 #   --no-suite        skip the GPU suite
 # Environment: OUT (default build/gpu-session); BENCH_COMMIT, the commit to name where the tree
-# came without its history; and anything bench/run_bench.sh reads (BENCH_REPS, BENCH_DL_REPS,
+# came without its history; GPU_SESSION_EST (below); and anything bench/run_bench.sh reads (BENCH_REPS, BENCH_DL_REPS,
 # ...; the estimates below assume their defaults).
 # uthash.h: where /usr/include/uthash.h is missing, a copy in .carry/include/ is used.
 set -u
@@ -58,6 +58,18 @@ declare -A EST_QUICK=(
     [two]=5 [torch]=25 [cupy]=8 [ab]=8 [model]=35 [safetensors]=18 [dataloader]=40
     [fresh]=5 [two_fresh]=3 [bounce]=3 [jax]=20
 )
+# GPU_SESSION_EST="suite=160 latency=70": estimates measured on the machine at hand, in seconds,
+# replace these for this call (the planner keeps the groups' time for them, so a high suite
+# estimate leaves none on a short call).
+for kv in ${GPU_SESSION_EST:-}; do
+    k=${kv%%=*} v=${kv#*=}
+    if [[ -n ${EST_FULL[$k]+x} && $v =~ ^[0-9]+$ ]]; then
+        EST_FULL[$k]=$v
+    else
+        echo "gpu_session: GPU_SESSION_EST: '$kv' is not NAME=SECONDS for a known stage or group" >&2
+        exit 2
+    fi
+done
 # bench/run_bench.sh's order.
 ALL_GROUPS="malloc heap sweep loop latency staging train drv two torch cupy model safetensors dataloader fresh two_fresh bounce jax ab"
 # Seconds kept for summarizing and packing.

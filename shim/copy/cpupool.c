@@ -468,6 +468,7 @@ int cpupool_workers(void)
 }
 
 static void run_job(const struct copy_job *jp);
+static int split_and_run(struct copy_job *job, size_t total, size_t cap);
 
 int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
                  unsigned flags)
@@ -478,46 +479,38 @@ int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_
     }
     cpupool_start();
     struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags, 1, JOB_COPY, 0, 0 };
-    size_t total = width * rows;
-    /* Small copies in four at most, large ones in slices of at least SLICE_MIN. */
-    size_t min_slice = total < 16 * SLICE_MIN ? (total / 4 > 4096 ? total / 4 : 4096) : SLICE_MIN;
-    size_t n = total / min_slice;
-    size_t parts = (size_t)__atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) + 1;
-    if (n > parts)
-        n = parts;
-    if (rows > 1 && n > rows)
-        n = rows;
-    if (n <= 1) {
-        run_slice(&job, 0);
-        return 1;
-    }
-    job.nslices = (unsigned)n;
-    if (flags & CPUPOOL_TRY)
-        for (int k = 0; k < MAX_JOBS; k++)
-            if (__atomic_load_n(&pool.slots[k].owned, __ATOMIC_RELAXED))
-                return 0;
-    run_job(&job);
-    return 1;
+    return split_and_run(&job, width * rows, rows > 1 ? rows : SIZE_MAX);
 }
 
 int cpupool_set(void *dst, int c, size_t n, unsigned flags)
 {
     cpupool_start();
     struct copy_job job = { dst, NULL, n, 0, n, 1, flags, 1, JOB_SET, c, 0 };
-    size_t slice = n < 16 * SLICE_MIN ? (n / 4 > 4096 ? n / 4 : 4096) : SLICE_MIN;
-    size_t parts = (size_t)__atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) + 1, k = n / slice;
-    if (k > parts)
-        k = parts;
-    if (k <= 1) {
-        run_slice(&job, 0);
+    return split_and_run(&job, n, SIZE_MAX);
+}
+
+/* Cut a job of `total` bytes into slices (small jobs in four at most, large ones in slices of at
+ * least SLICE_MIN; one per thread, and `cap`, at most) and run it.  Returns 0 only with
+ * CPUPOOL_TRY when the pool is busy. */
+static int split_and_run(struct copy_job *job, size_t total, size_t cap)
+{
+    size_t min_slice = total < 16 * SLICE_MIN ? (total / 4 > 4096 ? total / 4 : 4096) : SLICE_MIN;
+    size_t n = total / min_slice;
+    size_t parts = (size_t)__atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED) + 1;
+    if (n > parts)
+        n = parts;
+    if (n > cap)
+        n = cap;
+    if (n <= 1) {
+        run_slice(job, 0);
         return 1;
     }
-    job.nslices = (unsigned)k;
-    if (flags & CPUPOOL_TRY)
-        for (int i = 0; i < MAX_JOBS; i++)
-            if (__atomic_load_n(&pool.slots[i].owned, __ATOMIC_RELAXED))
+    job->nslices = (unsigned)n;
+    if (job->flags & CPUPOOL_TRY)
+        for (int k = 0; k < MAX_JOBS; k++)
+            if (__atomic_load_n(&pool.slots[k].owned, __ATOMIC_RELAXED))
                 return 0;
-    run_job(&job);
+    run_job(job);
     return 1;
 }
 
