@@ -137,8 +137,8 @@ awk -v variants="$variants" '
     }' $files >"$tmp/table.md"
 
 echo "malloc/free and small-copy cost, median ns per operation (pair = one malloc + one free;"
-echo "copy_* = one sync copy against a driver that returns at once; memcpy_*/memmove_* = one"
-echo "64-byte call):"
+echo "copy_* = one sync copy against a driver that returns at once; memcpy_*/memmove_*/memset_* ="
+echo "one 64-byte call):"
 cat "$tmp/table.md"
 [ -n "$OUTDIR" ] && cp "$tmp/table.md" "$OUTDIR/malloc_overhead.md"
 if grep -q '^RESULT bench=heap' "$tmp/plain.txt" 2>/dev/null; then

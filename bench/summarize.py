@@ -1021,7 +1021,7 @@ def main(argv):
         body.append("(\"added\" = with the shim preloaded minus without. "
                     "copy_* rows: one sync copy against bench/null_driver, whose copies return at "
                     "once, so the added time is all the shim's own work on a small copy; no target. "
-                    "memcpy_*/memmove_* rows: one 64-byte call, through a function pointer (_ptr) "
+                    "memcpy_*/memmove_*/memset_* rows: one 64-byte call, through a function pointer (_ptr) "
                     "or a direct call of a size the compiler cannot see (_call); target below.)")
     else:
         body.append("Not measured (bench/run_malloc_bench.sh produced no table).")
