@@ -1,6 +1,6 @@
-/* The C library's memcpy, memmove and memset for the library's own use (see libc_calls.h), and for the
- * program's calls its exports pass on.  Until the C library's are known (the first calls come
- * from the loader's constructors, before the shim's start-up), a plain copy of their own. */
+/* The C library's memcpy, memmove and memset for the library's own use (see libc_calls.h), and
+ * for the program's calls its exports pass on.  Until the C library's are known (the first calls
+ * come from the loader's constructors, before the shim's start-up), plain loops of their own. */
 #include <stddef.h>
 #include <stdint.h>
 #include "base/libc_string.h"

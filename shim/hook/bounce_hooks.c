@@ -1,6 +1,6 @@
-/* The exported memcpy, memmove, memset and their fortified forms.  The first test sends every call
- * below PINSHIM_BOUNCE_MIN (and every call before start-up, or with bounce copies off) to the C
- * library at the cost of one compare; the rest go to copy/bounce.c.  This file is compiled
+/* The exported memcpy, memmove, memset and their fortified forms.  The first test sends every
+ * call below PINSHIM_BOUNCE_MIN (and every call before start-up, or with bounce copies off) to
+ * the C library at the cost of one compare; the rest go to copy/bounce.c.  This file is compiled
  * without base/libc_calls.h: its memcpy is the program's. */
 #include <stddef.h>
 #include "base/libc_string.h"
