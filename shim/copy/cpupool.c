@@ -90,6 +90,8 @@ static struct {
            .done_cv = PTHREAD_COND_INITIALIZER };
 
 static char device_bus_id[32];
+static cpu_set_t device_local;   /* pool.mu: the device's local CPUs, read by cpupool_prefer_device */
+static int device_nlocal;
 static int populate_broken;      /* the kernel has no MADV_POPULATE_* (before Linux 5.14) */
 
 /* ---- copying one slice ---- */
@@ -318,6 +320,8 @@ static void slice_done(struct job_slot *s, unsigned count)
 static void *worker_main(void *arg)
 {
     shim_enter();   /* anything this thread allocates bypasses the hooks; never left */
+    /* Named by itself (a system call): naming another thread opens a file under /proc. */
+    pthread_setname_np(pthread_self(), "pinshim-copy");
     while (!__atomic_load_n(&pool.stop, __ATOMIC_ACQUIRE)) {
         /* The generation first: a job posted after it is seen by the scan or changes it. */
         unsigned gen = __atomic_load_n(&pool.gen, __ATOMIC_SEQ_CST);
@@ -352,28 +356,39 @@ static void *worker_main(void *arg)
     return arg;
 }
 
+static int device_cpus(const char *bus_id, cpu_set_t *out);
+
 void cpupool_prefer_device(const char *pci_bus_id)
 {
     if (__atomic_load_n(&pool.started, __ATOMIC_ACQUIRE) || !pci_bus_id)
         return;
+    char id[sizeof device_bus_id];
+    size_t i = 0;
+    for (; pci_bus_id[i] && i + 1 < sizeof id; i++)
+        id[i] = (char)tolower((unsigned char)pci_bus_id[i]);
+    id[i] = '\0';
+    /* The sysfs file is read here, on the program's thread that asks, never on one of the
+     * shim's own: a program that closes the descriptors it did not open and puts files of its
+     * own under their numbers (dup2) must never meet a descriptor the shim holds open. */
+    cpu_set_t local;
+    int nlocal = device_cpus(id, &local);
     pthread_mutex_lock(&pool.mu);
     if (!pool.started && !device_bus_id[0]) {
-        size_t i = 0;
-        for (; pci_bus_id[i] && i + 1 < sizeof device_bus_id; i++)
-            device_bus_id[i] = (char)tolower((unsigned char)pci_bus_id[i]);
-        device_bus_id[i] = '\0';
+        memcpy(device_bus_id, id, sizeof id);
+        device_local = local;
+        device_nlocal = nlocal;
     }
     pthread_mutex_unlock(&pool.mu);
 }
 
 /* The CPUs sysfs names as local to the device, within the ones this process may use; 0 when
  * unknown.  The list reads like "0-7,16-23". */
-static int device_cpus(cpu_set_t *out)
+static int device_cpus(const char *bus_id, cpu_set_t *out)
 {
-    if (!device_bus_id[0])
+    if (!bus_id[0])
         return 0;
     char path[96], text[512];
-    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/local_cpulist", device_bus_id);
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/local_cpulist", bus_id);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -424,8 +439,8 @@ void cpupool_start(void)
         return;
     pthread_mutex_lock(&pool.mu);
     if (!pool.started) {
-        cpu_set_t local;
-        int nlocal = device_cpus(&local), cpus = usable_cpus();
+        cpu_set_t local = device_local;
+        int nlocal = device_nlocal, cpus = usable_cpus();
         int want = (int)shim_cfg.copy_threads;
         if (want == 0)
             want = nlocal ? nlocal : cpus;
@@ -451,7 +466,6 @@ void cpupool_start(void)
         for (int i = 0; i < want; i++) {
             if (pthread_create(&pool.tid[started], &attr, worker_main, NULL) != 0)
                 break;   /* fewer threads: slower, still correct */
-            pthread_setname_np(pool.tid[started], "pinshim-copy");
             started++;
         }
         __atomic_store_n(&pool.nworkers, started, __ATOMIC_RELAXED);

@@ -237,9 +237,8 @@ static void *builder_main(void *arg)
         struct lane *l = lane_acquire(ctx);
         if (l) {
             lane_release(l);
-            /* The copy threads too, placed near this device: started by the first staged copy
-             * instead, their start (threads made, sysfs read) lay on its path. */
-            prefer_local_cpus();
+            /* The copy threads too, placed near this device (staging_ready read where): started
+             * by the first staged copy instead, their start lay on its path. */
             cpupool_start();
         }
         drv.cuCtxPopCurrent_v2(&popped);
@@ -280,6 +279,8 @@ int staging_ready(int wait)
     if (shim_forked_child || !drv.cuCtxGetCurrent || drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
         return 0;
     int building;
+    /* Here, on the program's thread: the builder's copy threads go to the CPUs it reads. */
+    prefer_local_cpus();
     pthread_mutex_lock(&lanes_mu);
     int ready = lane_ready(ctx, &building);
     builder_reap();

@@ -911,6 +911,9 @@ static void bg_finish(struct block *b)
 static void *bg_main(void *arg)
 {
     shim_enter();   /* this thread's allocations and driver calls are the shim's own; never left */
+    /* Named by itself (a system call): naming another thread opens a file under /proc, and the
+     * shim opens no descriptor on a thread of its own (see cpupool_prefer_device). */
+    pthread_setname_np(pthread_self(), "pinshim-register");
     drv_relax_capture();   /* its registrations must not touch a program's capture (base/real.h) */
     pthread_mutex_lock(&bg_mu);
     for (;;) {
@@ -957,7 +960,6 @@ static void bg_start(void)
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
         if (pthread_create(&bg_thread, &attr, bg_main, NULL) == 0) {
-            pthread_setname_np(bg_thread, "pinshim-register");
             bg_started = 1;
         } else {
             bg_started = -1;   /* registrations then happen on the copy's path */
