@@ -218,14 +218,20 @@ void cpupool_copy_here(void *dst, const void *src, size_t n, unsigned flags)
         flush_lines(src, n);
 }
 
+/* Slice i of a one-row job: whole 64-byte lines, so that streaming stores meet at line
+ * boundaries.  0 when the slice is empty. */
+static size_t line_slice(const struct copy_job *j, unsigned i, size_t *off)
+{
+    size_t per = ((j->width + j->nslices - 1) / j->nslices + 63) & ~(size_t)63;
+    *off = (size_t)i * per;
+    return *off < j->width ? (j->width - *off < per ? j->width - *off : per) : 0;
+}
+
 static void run_slice(const struct copy_job *j, unsigned i)
 {
+    size_t off, n;
     if (j->kind == JOB_SET) {
-        /* Slices of whole 64-byte lines, as a copy's. */
-        size_t per = ((j->width + j->nslices - 1) / j->nslices + 63) & ~(size_t)63;
-        size_t off = (size_t)i * per;
-        if (off < j->width) {
-            size_t n = j->width - off < per ? j->width - off : per;
+        if ((n = line_slice(j, i, &off))) {
             if (j->flags & CPUPOOL_FAULT_DST)
                 populate(j->dst + off, n, MADV_POPULATE_WRITE);
             memset(j->dst + off, j->value, n);
@@ -245,11 +251,8 @@ static void run_slice(const struct copy_job *j, unsigned i)
         return;
     }
     if (j->rows == 1) {
-        /* Slices of whole 64-byte lines, so that streaming stores meet at line boundaries. */
-        size_t per = ((j->width + j->nslices - 1) / j->nslices + 63) & ~(size_t)63;
-        size_t off = (size_t)i * per;
-        if (off < j->width)
-            cpupool_copy_here(j->dst + off, j->src + off, j->width - off < per ? j->width - off : per, j->flags);
+        if ((n = line_slice(j, i, &off)))
+            cpupool_copy_here(j->dst + off, j->src + off, n, j->flags);
         return;
     }
     size_t per = (j->rows + j->nslices - 1) / j->nslices;

@@ -560,7 +560,7 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
     CUresult r = CUDA_SUCCESS;
     unsigned issued = 0, completed = 0;
     unsigned flags = pool_flags(DIR_D2H);
-    int more = 1, prefaulted = 0;
+    int more = 1;
     for (;;) {
         while (more && issued - completed < l->nbuf) {
             unsigned b = issued % l->nbuf;
@@ -577,10 +577,8 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
         }
         if (completed == issued)
             break;
-        if (!prefaulted) {
-            prefaulted = 1;
-            prefault_destination(req);
-        }
+        if (completed == 0)
+            prefault_destination(req);   /* once, with the first DMAs under way */
         unsigned b = completed % l->nbuf;
         if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
             goto fail;
@@ -710,7 +708,10 @@ static void prefer_local_cpus(void)
     static int asked;
     CUdevice dev;
     char bus_id[32];
-    if (__atomic_exchange_n(&asked, 1, __ATOMIC_RELAXED) || !drv.cuDeviceGetPCIBusId ||
+    /* A load first: this runs for every staged copy, and a store would bounce the line between
+     * the copying threads. */
+    if (__atomic_load_n(&asked, __ATOMIC_RELAXED) || __atomic_exchange_n(&asked, 1, __ATOMIC_RELAXED) ||
+        !drv.cuDeviceGetPCIBusId ||
         drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
         drv.cuDeviceGetPCIBusId(bus_id, (int)sizeof bus_id, dev) != CUDA_SUCCESS)
         return;
