@@ -96,8 +96,9 @@ ALL_VARIANTS=(
     "full-traced|PINSHIM_MODE=full PINSHIM_TRACE=/dev/null $SMALL"
     # Every registration takes 2 ms, as a real one of a few dozen MiB does: background
     # registrations and the staging buffers' stay under way while frees, munmaps, forks, program
-    # registrations and copies of the same blocks go on.
-    "full-slow-register|PINSHIM_MODE=full PINSHIM_BUDGET=16M FAKECUDA_REGISTER_DELAY_US=2000 $SMALL"
+    # registrations and copies of the same blocks go on.  The cost model told as much (400 ms/GiB),
+    # so that blocks above 640 KiB register in the background and smaller ones on the copy's path.
+    "full-slow-register|PINSHIM_MODE=full PINSHIM_BUDGET=16M FAKECUDA_REGISTER_DELAY_US=2000 PINSHIM_REGISTER_COST=400000 $SMALL"
     "pin-4M|PINSHIM_MODE=pin PINSHIM_BUDGET=4M PINSHIM_MIN_SIZE=4K"
 )
 EXTRA_VARIANTS=" pin-4M "

@@ -49,6 +49,7 @@ enum cost_verdict {
     X(GAIN_TOO_SMALL, "gain_too_small", "the expected saving does not pay for registering")             \
     X(ONE_SHOT, "one_shot", "no byte of the block copied twice yet: staged, not registered")            \
     X(REUSED, "reused", "bytes of the block copied again: registered in the background")                \
+    X(REUSED_QUICK, "reused_quick", "bytes of the block copied again, its registration quick: registered on the copy's path") \
     X(LARGER_THAN_BUDGET, "larger_than_budget", "the block is larger than the budget")                  \
     X(READ_ONLY, "read_only", "read-only pages, and the device cannot register them for this direction") \
     X(NO_RATES, "no_rates", "no rates to judge by")

@@ -1,6 +1,8 @@
 /* Promotion: which host memory the shim registers, and that every copy stays correct.
  *   - a hot 8 MiB malloc buffer copied H2D several times is promoted (pin/full, default budget),
  *     never without the shim or in off/observe, never when the budget is smaller than the block;
+ *   - a 2 MiB buffer copied twice is registered by its second copy (a quick registration is
+ *     made on the copy's path);
  *   - part of a big buffer copied back to back by two threads at once is registered within a few
  *     copies (copies that stage do not keep its background registration waiting for a gap);
  *   - a fresh, untouched D2H destination copied once is not (registering would fault every page);
@@ -87,6 +89,36 @@ int main(void)
         CHECKF(reg == 0, "no promotion without a promoting shim (mode %s)", drvtest_mode());
     if (budget && budget < n)
         CHECKF(reg == 0, "a block larger than the budget (%zu) is never registered", budget);
+
+    /* ---- a small buffer copied again: registered on the copy's path ----
+     * Its registration (about 0.1 ms) is quicker than waking the registrar thread may be, so
+     * it is done by the copy that finds the block reused: registered when that copy returns. */
+    {
+        const size_t small_n = 2u << 20;
+        unsigned char *small = malloc(small_n);
+        CHECK(small != NULL);
+        CUdeviceptr dev_small;
+        CU(cuMemAlloc(&dev_small, small_n));
+        fill_pattern(small, small_n, 50);
+        /* Registrations slowed (20 ms): one handed to the registrar is still under way when
+         * the copy returns. */
+        fakecuda_set_register_delay_us(20000);
+        HTOD(dev_small, small, small_n);
+        HTOD(dev_small, small, small_n);
+        int at_once = fakecuda_registered(small, small_n);
+        fakecuda_set_register_delay_us(0);
+        printf("info: 2 MiB buffer registered after its second copy=%d\n", at_once);
+        if (drvtest_expect_promotion(small_n))
+            CHECKF(at_once == 1, "a 2 MiB buffer copied again is registered by that copy, not later (mode %s)",
+                   drvtest_mode());
+        if (!drvtest_promotes())
+            CHECKF(at_once == 0, "no promotion without a promoting shim (mode %s)", drvtest_mode());
+        memset(check, 0, small_n);
+        DTOH(check, dev_small, small_n);
+        CHECKF(check_pattern(check, small_n, 50), "2 MiB buffer: the device holds its content");
+        cuMemFree(dev_small);
+        free(small);
+    }
 
     /* ---- a fresh D2H destination, copied once: its pages were never touched ---- */
     unsigned char *fresh = malloc(n);
