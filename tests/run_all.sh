@@ -67,7 +67,9 @@ VARIANTS=(
 # whose copies are of size S; exact: those numbers, not marked sampled; sampled: marked, count
 # and bytes within a third of the truth), the copies staged (EXPECTED_STAGED copies=N: all N, or
 # those not staged each after waiting the 100 ms the shim waits for its staging buffers); and,
-# for every program, that staging flushed no more bytes than it staged.
+# the blocks registered on an H2D copy's path whose lines that copy flushed (EXPECTED_FLUSHED
+# min=N: at least N bytes); and, for every program, that staging flushed no more bytes than it
+# staged and no more bytes of fresh registrations were flushed than registered.
 check_counts() {
     python3 - "$1" "$2" "$3" <<'PY'
 import json, re, sys
@@ -86,6 +88,9 @@ for line in open(log, errors="replace"):
     m = re.match(r"EXPECTED_PREFAULT bytes=([0-9]+)", line)
     if m:
         want["PREFAULT"] = int(m.group(1))
+    m = re.match(r"EXPECTED_FLUSHED min=([0-9]+)", line)
+    if m:
+        want["FLUSHED"] = int(m.group(1))
     m = re.match(r"EXPECTED_BOUNCE shared=([01])", line)
     if m:
         want["BOUNCE"] = int(m.group(1))
@@ -139,6 +144,13 @@ if "PREFAULT" in want:
                    + (" and every D2H copy was staged" if staged_all else ""))
 if staging.get("flushed_bytes", 0) > staging.get("bytes", 0):
     bad.append(f"staging flushed {staging.get('flushed_bytes')} bytes, more than it staged ({staging.get('bytes')})")
+promotions = stats.get("promotions", {})
+if "FLUSHED" in want and mode != "off" and promotions.get("flushed_bytes", 0) < want["FLUSHED"]:
+    bad.append(f"flushed {promotions.get('flushed_bytes', 0)} bytes of blocks registered on an H2D copy's path; "
+               f"at least {want['FLUSHED']} were")
+if promotions.get("flushed_bytes", 0) > promotions.get("bytes", 0):
+    bad.append(f"flushed {promotions.get('flushed_bytes')} bytes of freshly registered blocks, more than were "
+               f"registered ({promotions.get('bytes')})")
 if "WALKS" in want and stats.get("call_site_walks", 0) > want["WALKS"]:
     bad.append(f"{stats.get('call_site_walks')} stacks walked, expected at most {want['WALKS']} "
                "(a chain already walked is found in the thread's memo)")

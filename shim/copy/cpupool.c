@@ -43,6 +43,7 @@ enum job_kind {
     JOB_COPY,                  /* src to dst */
     JOB_SET,                   /* dst set to the byte `value` (cpupool_set) */
     JOB_PREFAULT,              /* dst faulted in (cpupool_prefault) */
+    JOB_FLUSH,                 /* src's lines pushed out of the caches (cpupool_flush) */
 };
 
 struct copy_job {
@@ -236,6 +237,11 @@ static void run_slice(const struct copy_job *j, unsigned i)
                 populate(j->dst + off, n, MADV_POPULATE_WRITE);
             memset(j->dst + off, j->value, n);
         }
+        return;
+    }
+    if (j->kind == JOB_FLUSH) {
+        if ((n = line_slice(j, i, &off)))
+            flush_lines(j->src + off, n);
         return;
     }
     if (j->kind == JOB_PREFAULT) {
@@ -504,6 +510,18 @@ int cpupool_set(void *dst, int c, size_t n, unsigned flags)
     cpupool_start();
     struct copy_job job = { dst, NULL, n, 0, n, 1, flags, 1, JOB_SET, c, 0 };
     return split_and_run(&job, n, SIZE_MAX);
+}
+
+void cpupool_flush(const void *p, size_t n)
+{
+    if (!n || !cpupool_flushes())
+        return;
+    /* Over the threads already there (none are started for it); alone when they are busy. */
+    struct copy_job job = { NULL, (const char *)p, n, n, n, 1, CPUPOOL_TRY, 1, JOB_FLUSH, 0, 0 };
+    if (!split_and_run(&job, n, SIZE_MAX)) {
+        job.nslices = 1;
+        run_slice(&job, 0);
+    }
 }
 
 /* Cut a job of `total` bytes into slices (small jobs in four at most, large ones in slices of at

@@ -42,6 +42,11 @@ int cpupool_set(void *dst, int c, size_t n, unsigned flags);
  * or a flush cleared the lines; bench/gpu_block_layout.cu). */
 int cpupool_flushes(void);
 
+/* Push every line of [p, p+n) (mapped and readable) out of the CPU caches, over the threads
+ * when they are started and idle, else on the calling thread; nothing where cpupool_flushes()
+ * is 0.  For a block just registered: the copy engine then reads it from memory. */
+void cpupool_flush(const void *p, size_t n);
+
 /* Fault in the pages of [p, p+n) for writing, over the threads, each taking whole huge pages
  * (2 MiB): where transparent huge pages back the range, threads that share one wait while one
  * of them clears it, which slices of a few hundred KiB (a copy's) make them do.  For a copy's

@@ -1088,6 +1088,8 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
     hold->b = NULL;
     hold->pageable = NULL;
     hold->unsettled = 0;
+    hold->fresh_base = 0;
+    hold->fresh_len = 0;
     hold->why = "program_pinned";
     if (registry_program_pinned(p, n))
         return MEM_PINNED;
@@ -1179,6 +1181,14 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
     pthread_mutex_unlock(&mu);
     if (promote(b, 0)) {
         hold->b = b;
+        pthread_mutex_lock(&mu);
+        /* Heap blocks only: their pages are anonymous and stay mapped while the block lives; a
+         * program's mapping may be a file that another thread truncates under a CPU access. */
+        if (b->state == BLOCK_PROMOTED && b->origin != ORIGIN_MMAP && (b->prot & PROT_READ)) {
+            hold->fresh_base = b->reg_base;
+            hold->fresh_len = b->reg_len;
+        }
+        pthread_mutex_unlock(&mu);
         return MEM_PROMOTED;
     }
     pthread_mutex_lock(&mu);

@@ -40,6 +40,11 @@ struct copy_hold {
      * reason where it was asked, else what decided (program_pinned, not_tracked,
      * registered_before, ...). */
     const char *why;
+    /* MEM_PROMOTED by a registration this call made of a heap block (anonymous pages, readable):
+     * the registered range, whose lines the CPU caches may still hold (written by the program,
+     * or read by the copy threads when it was staged), else 0. */
+    uintptr_t fresh_base;
+    size_t fresh_len;
 };
 
 /* What the host range [p, p+n) of a copy in direction dir is: MEM_PINNED (the program's own),

@@ -895,11 +895,11 @@ static void write_json(struct out *o)
                "\"evicted_bytes\":%llu,\"failures\":%llu,\"declined\":%llu,"
                "\"registered_bytes_peak\":%llu,\"cache_hits\":%llu,\"cache_misses\":%llu,"
                "\"cache_released\":%llu,\"register_seconds\":%.6f,\"unregister_seconds\":%.6f,"
-               "\"program_register_yields\":%llu},\n",
+               "\"program_register_yields\":%llu,\"flushed_bytes\":%llu},\n",
             C(PROMOTIONS), C(PROMOTED_BYTES), C(EVICTIONS), C(EVICTED_BYTES), C(PROMOTION_FAILURES),
             C(PROMOTIONS_DECLINED), (unsigned long long)stats_registered_peak(), C(CACHE_HITS),
             C(CACHE_MISSES), C(CACHE_RELEASED), seconds(stats_get(STAT_REGISTER_NS)),
-            seconds(stats_get(STAT_UNREGISTER_NS)), C(PROGRAM_REGISTER_YIELDS));
+            seconds(stats_get(STAT_UNREGISTER_NS)), C(PROGRAM_REGISTER_YIELDS), C(PROMOTION_FLUSHED_BYTES));
     out_fmt(o, "\"rewrites\":{\"sync_to_async\":%llu,\"async_waited\":%llu,"
                "\"ordering_wait_seconds\":%.6f},\n",
             C(REWRITE_SYNC_TO_ASYNC), C(REWRITE_ASYNC_WAITED), seconds(stats_get(STAT_ORDERING_WAIT_NS)));

@@ -28,6 +28,7 @@ enum mem_kind {
     X(CACHE_HITS, "cache_hits")                             \
     X(CACHE_MISSES, "cache_misses")                         \
     X(CACHE_RELEASED, "cache_released")                     \
+    X(PROMOTION_FLUSHED_BYTES, "promotion_flushed_bytes")   \
     X(REGISTER_NS, "register_ns")                           \
     X(UNREGISTER_NS, "unregister_ns")                       \
     X(PROGRAM_REGISTER_YIELDS, "program_register_yields")   \

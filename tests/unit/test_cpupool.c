@@ -227,6 +227,35 @@ static void check_prefault(void)
     CHECKF(cpupool_prefault(NULL, 0) == 0, "an empty range");
 }
 
+/* cpupool_flush: the bytes stay as they were, nothing beyond the range's pages is touched
+ * (inaccessible pages either side), with the threads or without them. */
+static void check_flush(const char *label)
+{
+    const size_t room = 8 * M;
+    unsigned char *map = mmap(NULL, room + 8 * K, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECKF(map != MAP_FAILED, "mmap");
+    if (map == MAP_FAILED)
+        return;
+    mprotect(map, 4 * K, PROT_NONE);
+    mprotect(map + 4 * K + room, 4 * K, PROT_NONE);
+    unsigned char *area = map + 4 * K;
+    const struct { size_t off, n; } cases[] = {
+        { 0, 0 }, { 0, 1 }, { 63, 2 }, { 17, 4 * K - 17 }, { 0, room }, { 5 * K + 3, 5 * M + 3 }, { room - 65, 65 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        unsigned char *p = area + cases[c].off;
+        size_t n = cases[c].n;
+        for (size_t i = 0; i < n; i++)
+            p[i] = pattern((unsigned)c + 11, i);
+        cpupool_flush(p, n);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += p[i] != pattern((unsigned)c + 11, i);
+        CHECKF(bad == 0, "%s: flush of %zu bytes at +%zu changed %zu bytes", label, n, cases[c].off, bad);
+    }
+    munmap(map, room + 8 * K);
+}
+
 int main(void)
 {
     config_load(no_env);
@@ -238,7 +267,10 @@ int main(void)
            "the pool started workers (%d)", cpupool_workers());
     cpupool_shutdown();
     CHECKF(cpupool_workers() == 0, "no workers once stopped (%d)", cpupool_workers());
+    check_flush("no threads");
+    CHECKF(cpupool_workers() == 0, "a flush starts no threads (%d)", cpupool_workers());
     run_callers("pool started again");
+    check_flush("with the threads");
     check_prefault();
     cpupool_shutdown();
     return TEST_SUMMARY();
