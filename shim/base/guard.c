@@ -3,4 +3,5 @@
 #include "base/shim.h"
 
 __thread int shim_busy;
+__thread int shim_own_thread;
 volatile int shim_forked_child;

@@ -329,6 +329,7 @@ static void slice_done(struct job_slot *s, unsigned count)
 static void *worker_main(void *arg)
 {
     shim_enter();   /* anything this thread allocates bypasses the hooks; never left */
+    shim_own_thread = 1;
     /* Named by itself (a system call): naming another thread opens a file under /proc. */
     pthread_setname_np(pthread_self(), "pinshim-copy");
     while (!__atomic_load_n(&pool.stop, __ATOMIC_ACQUIRE)) {

@@ -230,6 +230,7 @@ static void prefer_local_cpus(void);
 static void *builder_main(void *arg)
 {
     shim_enter();   /* this thread's work is the shim's own; never left */
+    shim_own_thread = 1;
     /* Its registration must not touch a capture the program begins meanwhile (base/real.h). */
     drv_relax_capture();
     CUcontext ctx = arg, popped;

@@ -911,6 +911,7 @@ static void bg_finish(struct block *b)
 static void *bg_main(void *arg)
 {
     shim_enter();   /* this thread's allocations and driver calls are the shim's own; never left */
+    shim_own_thread = 1;
     /* Named by itself (a system call): naming another thread opens a file under /proc, and the
      * shim opens no descriptor on a thread of its own (see cpupool_prefer_device). */
     pthread_setname_np(pthread_self(), "pinshim-register");

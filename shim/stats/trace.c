@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -67,18 +68,82 @@ static int still_ours(int fd)
     return 0;
 }
 
+/* Lines of the shim's own threads wait here for one of the program's threads to write them.
+ * A descriptor can be checked (still_ours) and then written only where nothing can reuse its
+ * number in between: a program that closes every descriptor it did not open and opens files of
+ * its own in their place does so on its own thread, so a line written from one of the shim's
+ * threads could land in the program's file; one written by the program's thread cannot (there,
+ * check and write run between its own calls).  Multithreaded programs that reuse descriptors on
+ * one thread while another copies keep that window (docs/contract.md, rule 9). */
+#define TRACE_LINE 512
+#define PENDING_LINES 64
+static char pending[PENDING_LINES][TRACE_LINE];
+static unsigned short pending_len[PENDING_LINES];
+static unsigned pending_count, pending_lost;   /* under pending_lock */
+static pid_t pending_pid;                      /* the process whose threads queued them */
+static int pending_lock;
+
+static int pending_trylock(void)
+{
+    return !__atomic_exchange_n(&pending_lock, 1, __ATOMIC_ACQUIRE);
+}
+
+static void pending_unlock(void)
+{
+    __atomic_store_n(&pending_lock, 0, __ATOMIC_RELEASE);
+}
+
+/* On one of the shim's threads (their signals blocked: no handler can hold the lock there). */
+static void pending_add(const char *line, size_t len)
+{
+    for (unsigned spins = 0; !pending_trylock(); spins++)
+        if (spins > 64)
+            sched_yield();
+    if (pending_count == 0)
+        pending_pid = getpid();
+    if (pending_count < PENDING_LINES) {
+        memcpy(pending[pending_count], line, len);
+        pending_len[pending_count] = (unsigned short)len;
+        __atomic_store_n(&pending_count, pending_count + 1, __ATOMIC_RELAXED);   /* read unlocked */
+    } else {
+        pending_lost++;
+    }
+    pending_unlock();
+}
+
+/* On a program's thread: the queued lines first.  Only tried: a signal handler that interrupted
+ * this thread's own flush leaves them for later. */
+static void pending_write(int fd)
+{
+    if (!__atomic_load_n(&pending_count, __ATOMIC_RELAXED) || !pending_trylock())
+        return;
+    if (pending_pid == getpid()) {   /* not a fork child's copy of its parent's lines */
+        for (unsigned i = 0; i < pending_count; i++)
+            if (still_ours(fd))
+                os_write_all(fd, pending[i], pending_len[i]);
+        if (pending_lost) {
+            char line[96];
+            uint64_t now = shim_now_ns();
+            int n = snprintf(line, sizeof line, "%llu.%06llu 0.000 %d %d trace_lost lines=%u\n",
+                             (unsigned long long)(now / 1000000000ull), (unsigned long long)(now / 1000ull % 1000000ull),
+                             (int)getpid(), (int)syscall(SYS_gettid), pending_lost);
+            if (n > 0 && (size_t)n < sizeof line && still_ours(fd))
+                os_write_all(fd, line, (size_t)n);
+        }
+    }
+    __atomic_store_n(&pending_count, 0, __ATOMIC_RELAXED);
+    pending_lost = 0;
+    pending_unlock();
+}
+
 void trace_event(uint64_t dur, const char *event, const char *fmt, ...)
 {
     int fd = __atomic_load_n(&trace_fd, __ATOMIC_ACQUIRE);
     if (fd < 0)
         return;
     int saved_errno = errno;
-    if (!still_ours(fd)) {
-        errno = saved_errno;
-        return;
-    }
     uint64_t end = shim_now_ns();
-    char line[512];
+    char line[TRACE_LINE];
     const size_t room = sizeof line - 1;
     int n = snprintf(line, room, "%llu.%06llu %llu.%03llu %d %d %s ", (unsigned long long)(end / 1000000000ull),
                      (unsigned long long)(end / 1000ull % 1000000ull), (unsigned long long)(dur / 1000ull),
@@ -95,6 +160,22 @@ void trace_event(uint64_t dur, const char *event, const char *fmt, ...)
     if (len > room - 1)
         len = room - 1;
     line[len++] = '\n';
-    os_write_all(fd, line, len);
+    if (shim_own_thread) {
+        pending_add(line, len);
+    } else {
+        pending_write(fd);
+        if (still_ours(fd))
+            os_write_all(fd, line, len);
+    }
+    errno = saved_errno;
+}
+
+void trace_flush(void)
+{
+    int fd = __atomic_load_n(&trace_fd, __ATOMIC_ACQUIRE);
+    if (fd < 0 || shim_own_thread)
+        return;
+    int saved_errno = errno;
+    pending_write(fd);
     errno = saved_errno;
 }

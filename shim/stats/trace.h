@@ -24,7 +24,11 @@ static inline int trace_on(void)
  * or devices as they are; warns once if it cannot. */
 void trace_open(void);
 /* An event that took `dur_ns` and ends now; `fmt` gives its fields. */
+/* On the shim's own threads the line is queued, and written by the program's next traced
+ * call on one of its threads, or by trace_flush. */
 void trace_event(uint64_t dur_ns, const char *event, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Write the lines the shim's own threads queued (on a program's thread: at exit). */
+void trace_flush(void);
 
 #endif

@@ -94,6 +94,7 @@ __attribute__((destructor)) static void pinshim_stop(void)
     shim_enter();
     registry_shutdown();
     staging_shutdown();
+    trace_flush();   /* the lines the shim's threads queued, now that they are done */
     stats_finish();
     shim_leave();
 }
