@@ -19,8 +19,9 @@ extern __thread int shim_busy;
 static inline void shim_enter(void) { shim_busy++; }
 static inline void shim_leave(void) { shim_busy--; }
 
-/* Set on the threads the shim starts (registrar, copy threads, staging builder): nothing they do
- * may reach a descriptor, which the program can close or reuse at any moment. */
+/* Set on the threads the shim starts (registrar, copy threads, staging builder): the program
+ * may close or reuse a descriptor between their check of it and their write, so their trace
+ * lines wait for one of the program's threads (stats/trace.c). */
 extern __thread int shim_own_thread;
 
 /* Set in a forked child: it must not call into the driver (contract rule 8). */
