@@ -66,8 +66,8 @@ VARIANTS=(
 # and the call sites (EXPECTED_SITE exact|sampled size=S copies=N bytes=B, every mode: the site
 # whose copies are of size S; exact: those numbers, not marked sampled; sampled: marked, count
 # and bytes within a third of the truth), the copies staged (EXPECTED_STAGED copies=N: all N, or
-# those not staged each after waiting the 100 ms the shim waits for its staging buffers); and,
-# the blocks registered on an H2D copy's path whose lines that copy flushed (EXPECTED_FLUSHED
+# those not staged each after waiting the 100 ms the shim waits for its staging buffers), the
+# blocks registered on an H2D copy's path whose lines that copy flushed (EXPECTED_FLUSHED
 # min=N: at least N bytes); and, for every program, that staging flushed no more bytes than it
 # staged and no more bytes of fresh registrations were flushed than registered.
 check_counts() {

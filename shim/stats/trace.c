@@ -68,6 +68,39 @@ static int still_ours(int fd)
     return 0;
 }
 
+/* One whole line, newline included, into line[TRACE_LINE]: the event's header (end time now,
+ * duration, pid, thread id, name), then `fmt`'s fields.  Returns its length. */
+#define TRACE_LINE 512
+static size_t format_line(char *line, uint64_t dur, const char *event, const char *fmt, va_list ap)
+{
+    uint64_t end = shim_now_ns();
+    const size_t room = TRACE_LINE - 1;
+    int n = snprintf(line, room, "%llu.%06llu %llu.%03llu %d %d %s ", (unsigned long long)(end / 1000000000ull),
+                     (unsigned long long)(end / 1000ull % 1000000ull), (unsigned long long)(dur / 1000ull),
+                     (unsigned long long)(dur % 1000ull), (int)getpid(), (int)syscall(SYS_gettid), event);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= room)
+        n = (int)room - 1;   /* the header alone filled the line (it cannot, with the shim's names) */
+    int m = vsnprintf(line + n, room - (size_t)n, fmt, ap);
+    size_t len = (size_t)n + (m > 0 ? (size_t)m : 0);
+    if (len > room - 1)
+        len = room - 1;
+    line[len++] = '\n';
+    return len;
+}
+
+static size_t format_linef(char *line, uint64_t dur, const char *event, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static size_t format_linef(char *line, uint64_t dur, const char *event, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    size_t len = format_line(line, dur, event, fmt, ap);
+    va_end(ap);
+    return len;
+}
+
 /* Lines of the shim's own threads wait here for one of the program's threads to write them.
  * A descriptor can be checked (still_ours) and then written only where nothing can reuse its
  * number in between: a program that closes every descriptor it did not open and opens files of
@@ -75,7 +108,6 @@ static int still_ours(int fd)
  * threads could land in the program's file; one written by the program's thread cannot (there,
  * check and write run between its own calls).  Multithreaded programs that reuse descriptors on
  * one thread while another copies keep that window (docs/contract.md, rule 9). */
-#define TRACE_LINE 512
 #define PENDING_LINES 64
 static char pending[PENDING_LINES][TRACE_LINE];
 static unsigned short pending_len[PENDING_LINES];
@@ -122,13 +154,10 @@ static void pending_write(int fd)
             if (still_ours(fd))
                 os_write_all(fd, pending[i], pending_len[i]);
         if (pending_lost) {
-            char line[96];
-            uint64_t now = shim_now_ns();
-            int n = snprintf(line, sizeof line, "%llu.%06llu 0.000 %d %d trace_lost lines=%u\n",
-                             (unsigned long long)(now / 1000000000ull), (unsigned long long)(now / 1000ull % 1000000ull),
-                             (int)getpid(), (int)syscall(SYS_gettid), pending_lost);
-            if (n > 0 && (size_t)n < sizeof line && still_ours(fd))
-                os_write_all(fd, line, (size_t)n);
+            char line[TRACE_LINE];
+            size_t len = format_linef(line, 0, "trace_lost", "lines=%u", pending_lost);
+            if (still_ours(fd))
+                os_write_all(fd, line, len);
         }
     }
     __atomic_store_n(&pending_count, 0, __ATOMIC_RELAXED);
@@ -142,24 +171,11 @@ void trace_event(uint64_t dur, const char *event, const char *fmt, ...)
     if (fd < 0)
         return;
     int saved_errno = errno;
-    uint64_t end = shim_now_ns();
     char line[TRACE_LINE];
-    const size_t room = sizeof line - 1;
-    int n = snprintf(line, room, "%llu.%06llu %llu.%03llu %d %d %s ", (unsigned long long)(end / 1000000000ull),
-                     (unsigned long long)(end / 1000ull % 1000000ull), (unsigned long long)(dur / 1000ull),
-                     (unsigned long long)(dur % 1000ull), (int)getpid(), (int)syscall(SYS_gettid), event);
-    if (n < 0)
-        n = 0;
-    if ((size_t)n >= room)
-        n = (int)room - 1;   /* the header alone filled the line (it cannot, with the shim's names) */
     va_list ap;
     va_start(ap, fmt);
-    int m = vsnprintf(line + n, room - (size_t)n, fmt, ap);
+    size_t len = format_line(line, dur, event, fmt, ap);
     va_end(ap);
-    size_t len = (size_t)n + (m > 0 ? (size_t)m : 0);
-    if (len > room - 1)
-        len = room - 1;
-    line[len++] = '\n';
     if (shim_own_thread) {
         pending_add(line, len);
     } else {
