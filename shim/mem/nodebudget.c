@@ -126,6 +126,11 @@ static int owner_dead(const struct nb_slot *s)
         return 0;   /* another pid namespace: its pids mean nothing here, never judge them */
     if (kill(s->pid, 0) != 0 && errno == ESRCH)
         return 1;
+    /* Reading /proc takes a descriptor; on the shim's own threads that could meet a program
+     * reusing descriptor numbers it did not open (close, then dup2).  A zombie or a reused pid
+     * waits for the next scan on a program's thread. */
+    if (shim_own_thread)
+        return 0;
     char st;
     uint64_t start;
     if (read_stat(s->pid, &st, &start) != 0)
@@ -267,6 +272,10 @@ static int current_state(uint64_t budget)
     int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
     if (SHIM_LIKELY(st != ST_NONE && seg_budget == budget && my_pid == pid))
         return st;
+    /* Attaching opens descriptors (shm_open, /proc): never on the shim's own threads (see
+     * owner_dead).  nodebudget_attach does it at start-up; until then, refuse. */
+    if (shim_own_thread)
+        return ST_NONE;
     pthread_mutex_lock(&attach_mu);
     if (state != ST_NONE && my_pid != pid) {
         /* A fork child that uses the API (unit tests; the shim itself never does): the slot is
@@ -428,6 +437,13 @@ int nodebudget_reserve(size_t bytes)
         ok = !closed && reserve_local(bytes, budget);
     errno = saved_errno;
     return ok;
+}
+
+void nodebudget_attach(void)
+{
+    uint64_t budget = shim_cfg.node_budget;
+    if (budget && !shim_forked_child)
+        current_state(budget);
 }
 
 void nodebudget_release(size_t bytes)

@@ -10,6 +10,10 @@
  * budget), 0 when the node is full.  A process never evicts another's registrations. */
 int nodebudget_reserve(size_t bytes);
 void nodebudget_release(size_t bytes);
+/* Attach to the node's segment now, where the budget is set.  Start-up calls it on the
+ * program's thread: the registrar thread's reservations never open a descriptor (a program may
+ * be reusing descriptor numbers it did not open), so they are refused until attached. */
+void nodebudget_attach(void);
 /* For the report: the node budget, bytes held by all processes, and by this one. */
 void nodebudget_usage(uint64_t *budget, uint64_t *node_used, uint64_t *mine);
 

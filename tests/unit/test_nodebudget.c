@@ -4,7 +4,8 @@
  * lock, a fork child leaving the segment alone, threads, the stats JSON key and report line,
  * several processes reserving and releasing at random (one of them killed, possibly inside the
  * lock) without the slots ever adding up to more than the budget, shutdown, and the per-process
- * fallback when the segment cannot be used.
+ * fallback when the segment cannot be used, and the registrar's thread never opening a
+ * descriptor (refused before the start-up attach; reused pids judged on a program's thread).
  *
  * Every budget is offset by this pid so concurrent runs never share a segment; each segment
  * created is unlinked at the end. */
@@ -13,12 +14,14 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -119,6 +122,90 @@ static pid_t spawn_holder(size_t hold)
         ok = 0;
     close(fds[0]);
     return ok == '1' ? pid : -pid;
+}
+
+/* Every open() of the code under test comes here (this definition wins the link over libc's):
+ * those made on a thread marked as the shim's own are counted, and must stay 0. */
+static int opens_on_shim_threads;
+
+int open(const char *path, int flags, ...)
+{
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = (mode_t)va_arg(ap, int);
+        va_end(ap);
+    }
+    if (shim_own_thread)
+        __atomic_add_fetch(&opens_on_shim_threads, 1, __ATOMIC_RELAXED);
+    return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+}
+
+struct shim_thread_try {
+    size_t bytes;
+    unsigned ms;
+    long result;
+};
+
+static void *shim_thread_main(void *p)
+{
+    struct shim_thread_try *t = p;
+    shim_own_thread = 1;   /* what the registrar thread is */
+    t->result = reserve_within(t->bytes, t->ms);
+    return NULL;
+}
+
+/* reserve_within on a thread that is one of the shim's own. */
+static long reserve_on_shim_thread(size_t bytes, unsigned ms)
+{
+    struct shim_thread_try t = { bytes, ms, -2 };
+    pthread_t th;
+    if (pthread_create(&th, NULL, shim_thread_main, &t) != 0)
+        return -2;
+    pthread_join(th, NULL);
+    return t.result;
+}
+
+/* The registrar thread reserves too, and must never open a descriptor: a program that closes
+ * the descriptors it did not open and dup2()s its own files onto their numbers could meet it.
+ * So the segment is attached at start-up (nodebudget_attach, on the program's thread), and a
+ * scan on the shim's thread judges slots by kill() alone: a dead pid's bytes come back there,
+ * a zombie's or a reused pid's wait for a program thread's scan. */
+static void test_shim_threads(uint64_t B)
+{
+    char name[64];
+    snprintf(name, sizeof name, "/pinshim-%u-%llu", (unsigned)getuid(), (unsigned long long)B);
+    shim_cfg.node_budget = B;
+    CHECKF(reserve_on_shim_thread(1, 0) == -1,
+           "before the start-up attach, a reservation on the shim's thread is refused");
+    int fd = shm_open(name, O_RDONLY, 0);
+    CHECKF(fd < 0 && errno == ENOENT, "and creates no segment");
+    if (fd >= 0)
+        close(fd);
+    nodebudget_attach();
+    use_budget(B);
+    CHECKF(!strcmp(nodebudget_segment_name(), name), "nodebudget_attach attached %s", name);
+    CHECKF(reserve_on_shim_thread(1, 0) >= 0, "after it, the shim's thread reserves");
+    nodebudget_release(1);
+
+    pid_t child = spawn_holder(0);
+    uint64_t start = start_time_of(child);
+    CHECK(child > 0 && start != 0);
+    CHECK(nodebudget_test_plant(child, start + 12345, B) == 0);
+    CHECKF(reserve_on_shim_thread(B / 2, 200) == -1,
+           "a reused pid's slot is kept by the shim's thread (telling needs /proc)");
+    long ms = reserve_within(B / 2, 3000);
+    CHECKF(ms >= 0, "and reclaimed by the program's thread");
+    nodebudget_release(B / 2);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    CHECK(nodebudget_test_plant(child, start, B) == 0);
+    ms = reserve_on_shim_thread(B / 2, 3000);
+    CHECKF(ms >= 0, "a dead pid's slot is reclaimed by the shim's thread (kill says ESRCH)");
+    nodebudget_release(B / 2);
+    CHECK(audit().used == 0);
+    CHECKF(opens_on_shim_threads == 0, "the shim's thread opened %d descriptors", opens_on_shim_threads);
 }
 
 static void test_no_budget(void)
@@ -498,6 +585,7 @@ int main(void)
     test_processes(base + 4096);
     test_shutdown(base + 4096);
     test_fallback(base + 2 * 4096);
+    test_shim_threads(base + 3 * 4096);
     use_budget(base);
     CHECKF(nodebudget_reserve(1) == 1 && audit().used == 1, "a budget change re-attaches");
     nodebudget_release(1);
