@@ -8,10 +8,6 @@
 #include "base/shim.h"
 #include "copy/bounce.h"
 
-/* Each door starts on a cache line of its own: the C library's own 64-byte memset takes about
- * 2.4 ns, so a door split over two lines shows in a program's tight loop. */
-#define STRING_DOOR SHIM_EXPORT __attribute__((aligned(64)))
-
 static inline void *copy(void *dst, const void *src, size_t n)
 {
     if (SHIM_UNLIKELY(n >= __atomic_load_n(&bounce_threshold, __ATOMIC_RELAXED)))
@@ -33,38 +29,38 @@ static inline void *set(void *dst, int c, size_t n)
     return shim_next_memset(dst, c, n);
 }
 
-STRING_DOOR void *memcpy(void *dst, const void *src, size_t n)
+SHIM_EXPORT void *memcpy(void *dst, const void *src, size_t n)
 {
     return copy(dst, src, n);
 }
 
-STRING_DOOR void *memmove(void *dst, const void *src, size_t n)
+SHIM_EXPORT void *memmove(void *dst, const void *src, size_t n)
 {
     return move(dst, src, n);
 }
 
-STRING_DOOR void *memset(void *dst, int c, size_t n)
+SHIM_EXPORT void *memset(void *dst, int c, size_t n)
 {
     return set(dst, c, n);
 }
 
 /* Fortified builds call these with the destination's size: an overflow is the C library's to
  * report (it aborts), exactly as without the shim. */
-STRING_DOOR void *__memcpy_chk(void *dst, const void *src, size_t n, size_t dst_len)
+SHIM_EXPORT void *__memcpy_chk(void *dst, const void *src, size_t n, size_t dst_len)
 {
     if (SHIM_UNLIKELY(n > dst_len) && libc.memcpy_chk)
         return libc.memcpy_chk(dst, src, n, dst_len);
     return copy(dst, src, n);
 }
 
-STRING_DOOR void *__memmove_chk(void *dst, const void *src, size_t n, size_t dst_len)
+SHIM_EXPORT void *__memmove_chk(void *dst, const void *src, size_t n, size_t dst_len)
 {
     if (SHIM_UNLIKELY(n > dst_len) && libc.memmove_chk)
         return libc.memmove_chk(dst, src, n, dst_len);
     return move(dst, src, n);
 }
 
-STRING_DOOR void *__memset_chk(void *dst, int c, size_t n, size_t dst_len)
+SHIM_EXPORT void *__memset_chk(void *dst, int c, size_t n, size_t dst_len)
 {
     if (SHIM_UNLIKELY(n > dst_len) && libc.memset_chk)
         return libc.memset_chk(dst, c, n, dst_len);
