@@ -3,6 +3,8 @@
 #   1. four ranks started together, each with four hot 16 MiB buffers and a process budget of 1G:
 #      never more than the node budget registered at once over all four (the fake's node-wide
 #      peak through FAKECUDA_SHM), every rank's data right, and some pinning did happen;
+#   0. start-up attaches the segment (the registrar thread never opens a descriptor), but not in
+#      PINSHIM_MODE=off;
 #   2. a rank that pinned what it could is SIGKILLed: a rank started while it lives pins nothing
 #      (nobody takes a live process's budget), a rank started after it died pins again.
 # The node budget is 48M less a few pages, different for each run, so that concurrent runs never
@@ -39,6 +41,17 @@ rank() {
 }
 
 echo "node budget $BUDGET bytes"
+
+# ---- 0. start-up: the segment is attached on the program's thread, never in mode off ----
+SEG="/dev/shm/pinshim-$(id -u)-$BUDGET"
+env LD_PRELOAD="$ROOT/$BUILD/libpinshim.so" PINSHIM_MODE=off PINSHIM_NODE_BUDGET=$BUDGET true
+if [ -e "$SEG" ]; then bad "PINSHIM_MODE=off made the node budget's segment"; else pass "mode off: no segment"; fi
+env LD_PRELOAD="$ROOT/$BUILD/libpinshim.so" PINSHIM_MODE=pin PINSHIM_NODE_BUDGET=$BUDGET true
+if [ -e "$SEG" ]; then
+    pass "start-up attaches the segment (its registrar thread never opens one)"
+else
+    bad "a process started with a node budget did not attach its segment at start-up"
+fi
 
 # ---- 1. four ranks at once ----
 pids=()
