@@ -131,7 +131,7 @@ static int opens_on_shim_threads;
 int open(const char *path, int flags, ...)
 {
     mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
+    if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) {   /* the calls that pass a mode */
         va_list ap;
         va_start(ap, flags);
         mode = (mode_t)va_arg(ap, int);
