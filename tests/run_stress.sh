@@ -21,8 +21,8 @@
 #   mappings made read-only then written, a signal handler that calls malloc),
 #   STRESS_DEADLINE (seconds; no seed starts after it, and the run fails as incomplete; 0: none).
 # Long mode (STRESS_LONG=1): 1000 seeds, one parallel job per CPU, delays "20 0" (async work
-# delayed by 20 us, and run as soon as its worker gets to it), 1 of the 10 variants per seed
-# besides the run without the shim (all 10 over every 10 seeds, each under both delays), 150
+# delayed by 20 us, and run as soon as its worker gets to it), 1 of the 11 variants per seed
+# besides the run without the shim (all 11 over every 11 seeds, each under both delays), 150
 # operations per thread, 256 live blocks per thread (1024 per process), hostile operations on,
 # a two-hour deadline: 2000 runs, 1.27 million operations, about 35 minutes on 2 cores (the
 # runs' time is mostly the kernel's: page faults, mappings, forks); each setting above still
@@ -81,6 +81,10 @@ if [ ! -x "$BIN" ] || [ tests/stress/stress.c -nt "$BIN" ] || [ "$FAKE/libcuda.s
     mv -f "$BIN.tmp" "$BIN"
 fi
 
+# A few pages under 8M, different for each run, so that separate runs never share a segment;
+# removed at the end.
+NODE_BUDGET=$(( (8 << 20) - ( ($$ % 255) + 1 ) * 4096 ))
+trap 'rm -f "/dev/shm/pinshim-$(id -u)-$NODE_BUDGET"' EXIT
 SMALL="PINSHIM_MIN_SIZE=4K PINSHIM_REWRITE_MIN=4K PINSHIM_REWRITE_ALWAYS=1 PINSHIM_STAGING_MIN=64K PINSHIM_STAGING_CHUNK=64K PINSHIM_BOUNCE=all PINSHIM_BOUNCE_MIN=64K"
 ALL_VARIANTS=(
     "off|PINSHIM_MODE=off"
@@ -100,6 +104,10 @@ ALL_VARIANTS=(
     # so that blocks above 640 KiB register in the background and smaller ones on the copy's path.
     "full-slow-register|PINSHIM_MODE=full PINSHIM_BUDGET=16M FAKECUDA_REGISTER_DELAY_US=2000 PINSHIM_REGISTER_COST=400000 $SMALL"
     "pin-4M|PINSHIM_MODE=pin PINSHIM_BUDGET=4M PINSHIM_MIN_SIZE=4K"
+    # A node budget half the process budget, shared by this run's processes (seeds run at once
+    # in the long mode): reservations from the registrar thread and from copies' paths, slots
+    # of processes killed or exited, the segment attached at start-up.
+    "full-node-budget|PINSHIM_MODE=full PINSHIM_BUDGET=16M PINSHIM_NODE_BUDGET=$NODE_BUDGET $SMALL"
 )
 EXTRA_VARIANTS=" pin-4M "
 want=${STRESS_VARIANTS:-}
