@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # PINSHIM_NODE_BUDGET across processes, on the checking fake driver (tests/fake/node_worker.c):
+#   0. start-up attaches the segment (the registrar thread never opens a descriptor), but not in
+#      PINSHIM_MODE=off;
 #   1. four ranks started together, each with four hot 16 MiB buffers and a process budget of 1G:
 #      never more than the node budget registered at once over all four (the fake's node-wide
 #      peak through FAKECUDA_SHM), every rank's data right, and some pinning did happen;
-#   0. start-up attaches the segment (the registrar thread never opens a descriptor), but not in
-#      PINSHIM_MODE=off;
 #   2. a rank that pinned what it could is SIGKILLed: a rank started while it lives pins nothing
 #      (nobody takes a live process's budget), a rank started after it died pins again.
 # The node budget is 48M less a few pages, different for each run, so that concurrent runs never
