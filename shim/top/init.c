@@ -79,11 +79,11 @@ void shim_init(void)
     trace_open();
     heap_init();
     bounce_init();
-    if (shim_cfg.mode != MODE_OFF)
-        nodebudget_attach();
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
-    if (shim_cfg.mode != MODE_OFF)
+    if (shim_cfg.mode != MODE_OFF) {
         heap_track_min = (size_t)shim_cfg.min_size;
+        nodebudget_attach();
+    }
     shim_leave();
 }
 
