@@ -80,6 +80,8 @@ struct block {
     int freed_pending;        /* freed by the program during it: its end decides the memory's fate */
     int bg_cancel;            /* its pages were discarded or given to the program's own
                                * registration while it waited: the registrar skips it */
+    int caching_on_free;      /* freed and queued to be registered, then cached (counted in
+                               * caching_in_list until the registrar is done with it) */
     CUcontext bg_ctx;         /* the context to register it in */
     CUcontext copy_ctx;       /* the context of its first copy the cost model judged */
     struct block *lru_prev, *lru_next;     /* cached: all, least recently freed last;
@@ -110,7 +112,18 @@ static uint32_t cached_in_list[ARENA_CLASSES + 1];  /* blocks in each cache list
  * the step after gets a registered block. */
 static uint32_t copied_frees[ARENA_CLASSES + 1];
 #define CACHE_ON_FREE_AFTER 2
-#define CACHE_ON_FREE_MAX 4                         /* per list: no more waiting than that */
+/* How many blocks a list keeps cached on free: CACHE_ON_FREE_MIN, and one more for every
+ * allocation of its size that found it empty since a heap block of that size was first copied,
+ * within a quarter of the budget.
+ * A program that allocates a whole set of transfer buffers afresh every round (a checkpoint's
+ * CPU tensors, a batch of result arrays) thus finds a registered block for each of them from
+ * the round after the one that showed the demand; a list whose allocations the cache serves
+ * keeps what it has.  A miss raises the count only: blocks are cached only when they carried a
+ * transfer. */
+#define CACHE_ON_FREE_MIN 4
+static uint32_t caching_in_list[ARENA_CLASSES + 1]; /* queued to be registered and cached */
+static uint8_t cache_active[ARENA_CLASSES + 1];     /* atomic: a block of its size was copied */
+static uint32_t cache_missed[ARENA_CLASSES + 1];    /* atomic: allocations that found it empty */
 static uint64_t arena_records;
 
 static uint64_t registered_bytes;
@@ -578,16 +591,27 @@ static void cache_drop_memory(struct block *b, uintptr_t *unmap, size_t *unmap_l
     record_delete(b);
 }
 
+/* An allocation of a list that caches on free found no block there: its demand. */
+static void cache_note_miss(unsigned list)
+{
+    if (__atomic_load_n(&cache_active[list], __ATOMIC_RELAXED))
+        __atomic_add_fetch(&cache_missed[list], 1, __ATOMIC_RELAXED);
+}
+
 void *registry_cache_take(size_t n, size_t align)
 {
-    if (!__atomic_load_n(&cache_count, __ATOMIC_RELAXED))
+    int in_arena = arena_serves(n, align);
+    unsigned list = in_arena ? arena_class_for(n, align) : HUGE_FIT;
+    if (!__atomic_load_n(&cache_count, __ATOMIC_RELAXED)) {
+        cache_note_miss(list);
         return NULL;
+    }
     pthread_mutex_lock(&mu);
     struct block *best = NULL;
-    if (arena_serves(n, align)) {
+    if (in_arena) {
         /* The most recently freed of the class (its pages are warmest), if it is aligned as
          * asked: blocks of a class differ only in where their pointer lies. */
-        best = cache_fit[arena_class_for(n, align)];
+        best = cache_fit[list];
         if (best && ((best->base & (align - 1)) || page_up(best->base + n) > best->reg_base + best->reg_len))
             best = NULL;   /* its registration covers fewer pages than this request needs */
     } else {
@@ -610,6 +634,7 @@ void *registry_cache_take(size_t n, size_t align)
             best->slot->size = n;
     } else {
         stats_add(STAT_CACHE_MISSES, 1);
+        cache_note_miss(list);
     }
     pthread_mutex_unlock(&mu);
     if (best)
@@ -903,6 +928,10 @@ static void bg_finish(struct block *b)
 {
     b->bg_queued = 0;
     b->bg_cancel = 0;
+    if (b->caching_on_free) {
+        b->caching_on_free = 0;
+        caching_in_list[cache_list_of(b)]--;
+    }
     if (b->freed_pending)
         finish_free(b);   /* the queue's hold keeps b until hold_release */
     hold_release(b);
@@ -1030,6 +1059,13 @@ static struct cost_rates current_rates(void)
 /* A copy of [p, p + n) uses b: its hotness.  mu held. */
 static void note_use(struct block *b, uintptr_t p, size_t n)
 {
+    /* A heap block that carries transfers: from now on allocations of its size that find the
+     * pinned cache empty are counted (see CACHE_ON_FREE_MIN). */
+    if (b->copies == 0 && b->origin != ORIGIN_MMAP) {
+        unsigned list = cache_list_of(b);
+        if (!__atomic_load_n(&cache_active[list], __ATOMIC_RELAXED))
+            __atomic_store_n(&cache_active[list], 1, __ATOMIC_RELAXED);
+    }
     b->copies++;
     b->bytes_moved += n;
     b->last_use_ns = shim_now_ns();
@@ -1362,7 +1398,13 @@ static int worth_caching_on_free(struct block *b)
         __atomic_load_n(&promotion_state, __ATOMIC_RELAXED) <= 0)
         return 0;
     unsigned list = cache_list_of(b);
-    return copied_frees[list]++ >= CACHE_ON_FREE_AFTER && cached_in_list[list] < CACHE_ON_FREE_MAX;
+    uint32_t missed = __atomic_load_n(&cache_missed[list], __ATOMIC_RELAXED);
+    /* Allocations that missed the cache are the evidence that this keeps happening. */
+    if (copied_frees[list]++ < CACHE_ON_FREE_AFTER && !missed)
+        return 0;
+    uint64_t held = (uint64_t)cached_in_list[list] + caching_in_list[list];
+    uint64_t cap = CACHE_ON_FREE_MIN + (uint64_t)missed;
+    return held < cap && (held + 1) * len <= shim_cfg.budget / 4;
 }
 
 static struct block *huge_at(uintptr_t p)
@@ -1403,6 +1445,8 @@ enum registry_free_result registry_free(uintptr_t p, struct arena_slot *slot, ui
         stats_add(STAT_FORK_CHILD_FREES, 1);
     if (!shim_forked_child && b->state == BLOCK_PAGEABLE && worth_caching_on_free(b) && bg_enqueue(b)) {
         b->freed_pending = 1;   /* registered, then cached, by the registrar */
+        b->caching_on_free = 1;
+        caching_in_list[cache_list_of(b)]++;
         stats_add(STAT_CACHED_ON_FREE, 1);
         pthread_mutex_unlock(&mu);
         return REG_FREE_DONE;
@@ -1779,9 +1823,10 @@ void registry_after_fork_child(void)
     promoted_head = cache_head = cache_tail = NULL;
     memset(cache_fit, 0, sizeof cache_fit);
     memset(cached_in_list, 0, sizeof cached_in_list);
+    memset(caching_in_list, 0, sizeof caching_in_list);
     /* The registrar does not exist here: nothing queued will be registered. */
     for (struct block *b = all_records; b; b = b->all_next) {
-        b->bg_queued = b->bg_registering = 0;
+        b->bg_queued = b->bg_registering = b->caching_on_free = 0;
         if (b->freed_pending)
             b->dead = 1;
         b->freed_pending = 0;

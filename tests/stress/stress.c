@@ -21,7 +21,8 @@
  * inherited, allocates and frees large blocks, gets the driver's own error from a copy); each
  * thread keeps a working set of B (default 256) live 64-256 KiB blocks that are replaced,
  * resized and sent to the device and back, their content checked every time the host touches
- * them and no two of them overlapping.
+ * them and no two of them overlapping; and now and then a checkpoint round: a few blocks of one
+ * size allocated afresh, filled from the device and freed together.
  * STRESS_HOSTILE=1 adds what is legal but hostile: mappings created read-only (a library may
  * pin them read-only) and written later, and one more thread that signals interrupt at a high
  * rate (a POSIX timer and pthread_kill) with a handler that calls malloc, while it maps,
@@ -291,7 +292,7 @@ static void logv(thr_t *t, uint32_t tag, uint64_t v)
 
 /* Log tags */
 enum { L_D2H = 1, L_CALLOC, L_REALLOC, L_FREE, L_MREMAP, L_MADV, L_SUM, L_RC, L_D2H_LATE, L_UNIFIED, L_2D, L_3D,
-       L_FORK, L_PROT, L_SIG, L_BOUNCE };
+       L_FORK, L_PROT, L_SIG, L_BOUNCE, L_ROUND };
 
 /* ---------------------------------------------------------------- streams and ordering */
 static int ordered(int y, int x)
@@ -1388,6 +1389,30 @@ static void op_pool(thr_t *t)
     }
 }
 
+/* A checkpoint round: a few blocks of one size allocated afresh, each filled from the device,
+ * checked and all freed (the shim's pinned cache learns the demand of that size and serves
+ * later rounds with blocks it registered on their way out, racing its own registrar). */
+static void op_round(thr_t *t)
+{
+    t->what = "checkpoint round";
+    OK(t, cuCtxSynchronize());
+    settled(t, -1);
+    size_t n = ((size_t)1 + rnd(t, 2)) << 20;
+    int k = 2 + (int)rnd(t, 3), d = (int)rnd(t, NDEV);
+    unsigned char *b[4];
+    door_t *dr = pick_door(t);
+    for (int i = 0; i < k; i++) {
+        b[i] = malloc(n);
+        if (!b[i]) abort();
+        OK(t, dr->dtoh(b[i], t->dv[d].d + (size_t)i * 4096, n));
+        t->copies++;
+    }
+    for (int i = 0; i < k; i++) {
+        logv(t, L_ROUND, hash_rows(b[i], n, 1, 1, n, n));
+        free(b[i]);
+    }
+}
+
 static int cmp_range(const void *a, const void *b)
 {
     const uintptr_t *x = a, *y = b;
@@ -1608,6 +1633,7 @@ static void *worker(void *arg)
         if (w2 < 4) op_fork(t);
         else if (w2 < 40) op_mprotect(t);
         else if (w2 < 140 && g_pool) op_pool(t);
+        else if (w2 < 143) op_round(t);
         else if (live < 3 || w < 9) op_alloc(t);
         else if (w < 14) op_free(t);
         else if (w < 18) op_realloc(t);
