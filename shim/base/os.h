@@ -1,6 +1,7 @@
 /* The one path to the kernel for the shim's own pages.  Every call is the system call itself:
- * the library exports mmap, munmap, mremap and madvise as hooks, so a call through libc's names
- * from inside the library would reach its own hooks (and be tracked as the program's). */
+ * the library exports mmap (and mmap64), munmap, mremap and madvise as hooks, so a call through
+ * libc's names from inside the library would reach its own hooks (and be tracked as the
+ * program's). */
 #ifndef PINSHIM_BASE_OS_H
 #define PINSHIM_BASE_OS_H
 

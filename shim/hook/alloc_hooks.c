@@ -267,7 +267,7 @@ SHIM_EXPORT size_t malloc_usable_size(void *p)
 
 /* The mmap family: registrations must be let go before memory leaves (contract rule 4). */
 
-SHIM_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+static void *map_tracked(void *addr, size_t len, int prot, int flags, int fd, off_t off, const void *caller)
 {
     int track = !shim_busy && heap_track_min != SIZE_MAX;
     if (track && (flags & MAP_FIXED) && !(flags & MAP_FIXED_NOREPLACE)) {
@@ -278,12 +278,25 @@ SHIM_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_
     }
     void *p = libc.mmap ? libc.mmap(addr, len, prot, flags, fd, off)
                         : (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-    if (track && p != MAP_FAILED && len >= heap_track_min && !called_from_driver(CALLER)) {
+    if (track && p != MAP_FAILED && len >= heap_track_min && !called_from_driver(caller)) {
         shim_enter();
         heap_track_mapping(p, len, prot);
         shim_leave();
     }
     return p;
+}
+
+SHIM_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    return map_tracked(addr, len, prot, flags, fd, off, CALLER);
+}
+
+/* The same call under its large-file name (the C library's alias where off_t has 64 bits):
+ * Rust's memmap2 maps files through it, safetensors' checkpoints among them. */
+_Static_assert(sizeof(off_t) == 8, "mmap64 is mmap where off_t has 64 bits");
+SHIM_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    return map_tracked(addr, len, prot, flags, fd, off, CALLER);
 }
 
 SHIM_EXPORT int munmap(void *addr, size_t len)
