@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+# model_tensors.py MODE: where a model's copies spend their time, by tensor size.  The GPT-2-
+# medium-sized model of model_bench.py is built on the CPU; each parameter's t.to("cuda") is
+# timed alone and summed in four size buckets, then its GPU tensors are copied back to the CPU
+# three times (each tensor's .to("cpu") timed; every pass's tensors freed before the next, as
+# a checkpoint loop does).  MODE "pinned": the CPU tensors pinned first and the copies back
+# made into pinned tensors allocated outside the timing (the ceiling); any other word is a label
+# (run it with LD_PRELOAD=libpinshim.so for the shim, without for the driver's pageable path).
+import os, sys, time
+os.environ.setdefault("HF_HUB_OFFLINE", "1"); os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import torch, transformers
+mode = sys.argv[1] if len(sys.argv) > 1 else "pageable"
+torch.manual_seed(0)
+m = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=24, n_embd=1024, n_head=16))
+torch.ones(1 << 20, device="cuda").sum().item()
+ts = [t.detach() for t in list(m.parameters()) + list(m.buffers())]
+if mode == "pinned":
+    ts = [t.pin_memory() for t in ts]
+torch.cuda.synchronize()
+# allocation alone, same shapes (the caching allocator grows here; freed after)
+a0 = time.perf_counter()
+e = [torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in ts]
+torch.cuda.synchronize()
+alloc_s = time.perf_counter() - a0
+del e
+torch.cuda.synchronize()
+buckets = {}
+T0 = time.perf_counter()
+outs = []
+for t in ts:
+    n = t.numel() * t.element_size()
+    a = time.perf_counter()
+    outs.append(t.to("cuda"))
+    b = time.perf_counter()
+    k = "<64K" if n < 65536 else "<1M" if n < 1 << 20 else "<8M" if n < 8 << 20 else ">=8M"
+    c, s, by = buckets.get(k, (0, 0.0, 0))
+    buckets[k] = (c + 1, s + (b - a), by + n)
+torch.cuda.synchronize()
+T = time.perf_counter() - T0
+tot = sum(v[2] for v in buckets.values())
+print(f"{mode}: {len(ts)} tensors {tot/1e9:.3f} GB total {T*1e3:.1f} ms ({tot/T/1e9:.1f} GB/s); alloc-only pass {alloc_s*1e3:.1f} ms")
+for k in ("<64K", "<1M", "<8M", ">=8M"):
+    if k in buckets:
+        c, s, by = buckets[k]
+        print(f"  {k:5s} n={c:4d} bytes={by/1e6:8.1f} MB  to() sum {s*1e3:7.2f} ms  per {s/c*1e6:7.1f} us  {by/s/1e9:6.1f} GB/s")
+# Checkpoint side: each tensor's .to("cpu") timed alone, three passes (fresh, then reused memory).
+for rep in range(3):
+    buckets = {}
+    torch.cuda.synchronize()
+    T0 = time.perf_counter()
+    sd = []
+    for t in outs:
+        n = t.numel() * t.element_size()
+        a = time.perf_counter()
+        if mode == "pinned":
+            c = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            a = time.perf_counter()
+            c.copy_(t)
+        else:
+            c = t.to("cpu")
+        b = time.perf_counter()
+        sd.append(c)
+        k = "<64K" if n < 65536 else "<1M" if n < 1 << 20 else "<8M" if n < 8 << 20 else ">=8M"
+        cc, s, by = buckets.get(k, (0, 0.0, 0))
+        buckets[k] = (cc + 1, s + (b - a), by + n)
+    T = time.perf_counter() - T0
+    tot = sum(v[2] for v in buckets.values())
+    print(f"{mode} D2H pass {rep}: {tot/T/1e9:.1f} GB/s ({T*1e3:.1f} ms)")
+    for k in ("<64K", "<1M", "<8M", ">=8M"):
+        if k in buckets:
+            c, s, by = buckets[k]
+            print(f"  {k:5s} n={c:4d} bytes={by/1e6:8.1f} MB  sum {s*1e3:7.2f} ms  per {s/c*1e6:7.1f} us  {by/s/1e9:6.1f} GB/s")
+    del sd

@@ -1,0 +1,59 @@
+// oneshot_copies: where a one-shot copy's time goes.  Each host buffer, filled first (resident),
+// is copied once with cudaMemcpyAsync on the legacy stream and then cudaStreamSynchronize, as
+// PyTorch's tensor.to() does; per size: the aggregate GB/s, the median time in the call and the
+// median time in the synchronize (a staged H2D copy returns once its source is read; its last
+// DMAs finish in the synchronize).  PINNED=1: cudaMallocHost buffers (the ceiling).
+//   nvcc -O2 -o oneshot_copies bench/probes/oneshot_copies.cu
+//   ./oneshot_copies h2d|d2h SIZE_MIB...        (with and without LD_PRELOAD=libpinshim.so)
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <algorithm>
+#include <vector>
+
+static double now() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+
+int main(int argc, char **argv)
+{
+    int pinned = getenv("PINNED") && atoi(getenv("PINNED"));
+    const char *dirs = argc > 1 ? argv[1] : "h2d";
+    int d2h = !strcmp(dirs, "d2h");
+    cudaFree(0);
+    for (int a = 2; a < argc; a++) {
+        size_t S = (size_t)atof(argv[a]) << 20;
+        int n = (int)std::max<size_t>(6, std::min<size_t>(48, (768ull << 20) / S));
+        std::vector<char *> h(n + 1);
+        for (int i = 0; i <= n; i++) {
+            if (pinned) cudaMallocHost((void **)&h[i], S);
+            else h[i] = (char *)malloc(S);
+            memset(h[i], i + 1, S);
+        }
+        char *d; cudaMalloc(&d, S);
+        // warm-up on a buffer of its own (lanes, threads)
+        cudaMemcpyAsync(d2h ? (void *)h[n] : (void *)d, d2h ? (void *)d : (void *)h[n], S,
+                        d2h ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, 0);
+        cudaStreamSynchronize(0);
+        std::vector<double> call(n), sync(n);
+        double T0 = now();
+        for (int i = 0; i < n; i++) {
+            double t0 = now();
+            cudaError_t e = cudaMemcpyAsync(d2h ? (void *)h[i] : (void *)d, d2h ? (void *)d : (void *)h[i], S,
+                                            d2h ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, 0);
+            double t1 = now();
+            cudaStreamSynchronize(0);
+            double t2 = now();
+            if (e) { printf("error %d\n", e); return 1; }
+            call[i] = t1 - t0; sync[i] = t2 - t1;
+        }
+        double T = now() - T0;
+        std::sort(call.begin(), call.end()); std::sort(sync.begin(), sync.end());
+        printf("%s %s %6.1f MiB x%2d: %6.2f GB/s  call med %8.1f us  sync med %8.1f us  (per copy %8.1f us)\n",
+               pinned ? "pinned" : "pageable", d2h ? "D2H" : "H2D", S / 1048576.0, n, (double)S * n / T / 1e9,
+               call[n / 2] * 1e6, sync[n / 2] * 1e6, T / n * 1e6);
+        for (int i = 0; i <= n; i++) { if (pinned) cudaFreeHost(h[i]); else free(h[i]); }
+        cudaFree(d);
+    }
+    return 0;
+}
