@@ -123,6 +123,8 @@ static uint32_t copied_frees[ARENA_CLASSES + 1];
 #define CACHE_ON_FREE_MIN 4
 static uint32_t caching_in_list[ARENA_CLASSES + 1]; /* queued to be registered and cached */
 static uint8_t cache_active[ARENA_CLASSES + 1];     /* atomic: a block of its size was copied */
+static uint8_t any_cache_active;                    /* atomic: one of them is (a heap that never
+                                                     * copies pays one load per allocation) */
 static uint32_t cache_missed[ARENA_CLASSES + 1];    /* atomic: allocations that found it empty */
 static uint64_t arena_records;
 
@@ -600,12 +602,13 @@ static void cache_note_miss(unsigned list)
 
 void *registry_cache_take(size_t n, size_t align)
 {
-    int in_arena = arena_serves(n, align);
-    unsigned list = in_arena ? arena_class_for(n, align) : HUGE_FIT;
     if (!__atomic_load_n(&cache_count, __ATOMIC_RELAXED)) {
-        cache_note_miss(list);
+        if (__atomic_load_n(&any_cache_active, __ATOMIC_RELAXED))
+            cache_note_miss(arena_serves(n, align) ? arena_class_for(n, align) : HUGE_FIT);
         return NULL;
     }
+    int in_arena = arena_serves(n, align);
+    unsigned list = in_arena ? arena_class_for(n, align) : HUGE_FIT;
     pthread_mutex_lock(&mu);
     struct block *best = NULL;
     if (in_arena) {
@@ -1063,8 +1066,10 @@ static void note_use(struct block *b, uintptr_t p, size_t n)
      * pinned cache empty are counted (see CACHE_ON_FREE_MIN). */
     if (b->copies == 0 && b->origin != ORIGIN_MMAP) {
         unsigned list = cache_list_of(b);
-        if (!__atomic_load_n(&cache_active[list], __ATOMIC_RELAXED))
+        if (!__atomic_load_n(&cache_active[list], __ATOMIC_RELAXED)) {
             __atomic_store_n(&cache_active[list], 1, __ATOMIC_RELAXED);
+            __atomic_store_n(&any_cache_active, 1, __ATOMIC_RELAXED);
+        }
     }
     b->copies++;
     b->bytes_moved += n;
