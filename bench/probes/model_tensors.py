@@ -24,50 +24,56 @@ torch.cuda.synchronize()
 alloc_s = time.perf_counter() - a0
 del e
 torch.cuda.synchronize()
+BUCKETS = ("<64K", "<1M", "<8M", ">=8M")
+
+
+def bucket(n):
+    return "<64K" if n < 65536 else "<1M" if n < 1 << 20 else "<8M" if n < 8 << 20 else ">=8M"
+
+
+def add(buckets, n, secs):
+    c, s, by = buckets.get(bucket(n), (0, 0.0, 0))
+    buckets[bucket(n)] = (c + 1, s + secs, by + n)
+
+
+def report(head, buckets, T):
+    tot = sum(v[2] for v in buckets.values())
+    print(f"{head} {tot/1e9:.3f} GB in {T*1e3:.1f} ms ({tot/T/1e9:.1f} GB/s)")
+    for k in BUCKETS:
+        if k in buckets:
+            c, s, by = buckets[k]
+            print(f"  {k:5s} n={c:4d} bytes={by/1e6:8.1f} MB  sum {s*1e3:7.2f} ms  per {s/c*1e6:7.1f} us  {by/s/1e9:6.1f} GB/s")
+
+
+# Each tensor's to("cuda") timed alone.
 buckets = {}
 T0 = time.perf_counter()
 outs = []
 for t in ts:
-    n = t.numel() * t.element_size()
     a = time.perf_counter()
     outs.append(t.to("cuda"))
-    b = time.perf_counter()
-    k = "<64K" if n < 65536 else "<1M" if n < 1 << 20 else "<8M" if n < 8 << 20 else ">=8M"
-    c, s, by = buckets.get(k, (0, 0.0, 0))
-    buckets[k] = (c + 1, s + (b - a), by + n)
+    add(buckets, t.numel() * t.element_size(), time.perf_counter() - a)
 torch.cuda.synchronize()
-T = time.perf_counter() - T0
-tot = sum(v[2] for v in buckets.values())
-print(f"{mode}: {len(ts)} tensors {tot/1e9:.3f} GB total {T*1e3:.1f} ms ({tot/T/1e9:.1f} GB/s); alloc-only pass {alloc_s*1e3:.1f} ms")
-for k in ("<64K", "<1M", "<8M", ">=8M"):
-    if k in buckets:
-        c, s, by = buckets[k]
-        print(f"  {k:5s} n={c:4d} bytes={by/1e6:8.1f} MB  to() sum {s*1e3:7.2f} ms  per {s/c*1e6:7.1f} us  {by/s/1e9:6.1f} GB/s")
-# Checkpoint side: each tensor's .to("cpu") timed alone, three passes (fresh, then reused memory).
+report(f"{mode}: to(\"cuda\"), {len(ts)} tensors (alloc-only pass {alloc_s*1e3:.1f} ms):", buckets, time.perf_counter() - T0)
+
+# Checkpoint side: each tensor's to("cpu") timed alone, three passes, each pass's tensors freed
+# before the next (pinned: copied into pinned tensors allocated outside the per-tensor timing;
+# the pass's whole time includes their allocation, the first pass's the pinned pool's growth).
 for rep in range(3):
     buckets = {}
     torch.cuda.synchronize()
     T0 = time.perf_counter()
     sd = []
     for t in outs:
-        n = t.numel() * t.element_size()
-        a = time.perf_counter()
         if mode == "pinned":
             c = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             a = time.perf_counter()
             c.copy_(t)
         else:
+            a = time.perf_counter()
             c = t.to("cpu")
-        b = time.perf_counter()
+        secs = time.perf_counter() - a
         sd.append(c)
-        k = "<64K" if n < 65536 else "<1M" if n < 1 << 20 else "<8M" if n < 8 << 20 else ">=8M"
-        cc, s, by = buckets.get(k, (0, 0.0, 0))
-        buckets[k] = (cc + 1, s + (b - a), by + n)
-    T = time.perf_counter() - T0
-    tot = sum(v[2] for v in buckets.values())
-    print(f"{mode} D2H pass {rep}: {tot/T/1e9:.1f} GB/s ({T*1e3:.1f} ms)")
-    for k in ("<64K", "<1M", "<8M", ">=8M"):
-        if k in buckets:
-            c, s, by = buckets[k]
-            print(f"  {k:5s} n={c:4d} bytes={by/1e6:8.1f} MB  sum {s*1e3:7.2f} ms  per {s/c*1e6:7.1f} us  {by/s/1e9:6.1f} GB/s")
+        add(buckets, t.numel() * t.element_size(), secs)
+    report(f"{mode}: to(\"cpu\") pass {rep + 1}:", buckets, time.perf_counter() - T0)
     del sd
