@@ -538,6 +538,13 @@ static unsigned cache_list_of(const struct block *b)
     return b->origin == ORIGIN_ARENA ? arena_class_of_block(b->map_len) : HUGE_FIT;
 }
 
+/* The list an allocation of n bytes aligned to align would be served from: the request's side of
+ * cache_list_of. */
+static unsigned cache_list_for(size_t n, size_t align)
+{
+    return arena_serves(n, align) ? arena_class_for(n, align) : HUGE_FIT;
+}
+
 static void cache_put(struct block *b)
 {
     lru_unlink(&promoted_head, b);
@@ -593,10 +600,16 @@ static void cache_drop_memory(struct block *b, uintptr_t *unmap, size_t *unmap_l
     record_delete(b);
 }
 
+/* Demand past this many blocks of one size is not the cache's to meet (a quarter of the budget
+ * bounds it sooner); once there, a malloc loop of the size only reads the counter, whose line
+ * then stays shared among its threads rather than moving between them on every allocation. */
+#define CACHE_MISSED_MAX 4096u
+
 /* An allocation of a list that caches on free found no block there: its demand. */
 static void cache_note_miss(unsigned list)
 {
-    if (__atomic_load_n(&cache_active[list], __ATOMIC_RELAXED))
+    if (__atomic_load_n(&cache_active[list], __ATOMIC_RELAXED) &&
+        __atomic_load_n(&cache_missed[list], __ATOMIC_RELAXED) < CACHE_MISSED_MAX)
         __atomic_add_fetch(&cache_missed[list], 1, __ATOMIC_RELAXED);
 }
 
@@ -604,11 +617,11 @@ void *registry_cache_take(size_t n, size_t align)
 {
     if (!__atomic_load_n(&cache_count, __ATOMIC_RELAXED)) {
         if (__atomic_load_n(&any_cache_active, __ATOMIC_RELAXED))
-            cache_note_miss(arena_serves(n, align) ? arena_class_for(n, align) : HUGE_FIT);
+            cache_note_miss(cache_list_for(n, align));
         return NULL;
     }
-    int in_arena = arena_serves(n, align);
-    unsigned list = in_arena ? arena_class_for(n, align) : HUGE_FIT;
+    unsigned list = cache_list_for(n, align);
+    int in_arena = list != HUGE_FIT;
     pthread_mutex_lock(&mu);
     struct block *best = NULL;
     if (in_arena) {
@@ -903,7 +916,9 @@ static void let_go(struct block *b)
  * free while it is being registered leaves the memory to the registrar, which caches it if the
  * registration took and gives it back otherwise. */
 
-#define BG_QUEUE 64
+/* A checkpoint frees its hundred or so large tensors in one burst, faster than they register:
+ * the queue holds such a burst whole (a power of two: the indexes wrap). */
+#define BG_QUEUE 256
 
 static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t bg_cv = PTHREAD_COND_INITIALIZER;

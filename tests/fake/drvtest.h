@@ -144,4 +144,19 @@ static inline int drvtest_wait_registered(const void *p, size_t n)
     return fakecuda_registered(p, n);
 }
 
+/* The registrar works behind the program's frees: wait until the driver's registered bytes have
+ * not changed for 200 ms (at most ten seconds: a sanitizer's build is slow). */
+size_t fakecuda_registered_bytes(void);
+static inline void drvtest_wait_registrations_settled(void)
+{
+    size_t last = fakecuda_registered_bytes();
+    int still = 0;
+    for (int i = 0; i < 10000 && still < 200; i++) {
+        drvtest_sleep_ms(1);
+        size_t now = fakecuda_registered_bytes();
+        still = now == last ? still + 1 : 0;
+        last = now;
+    }
+}
+
 #endif

@@ -21,20 +21,6 @@ static size_t tensor_bytes(int i)
     return per_layer[i % 4];
 }
 
-/* The registrar works behind the program's frees: wait until the driver's registered bytes have
- * not changed for 200 ms (at most ten seconds: a sanitizer's build is slow). */
-static void wait_registrations_settled(void)
-{
-    size_t last = fakecuda_registered_bytes();
-    int still = 0;
-    for (int i = 0; i < 10000 && still < 200; i++) {
-        drvtest_sleep_ms(1);
-        size_t now = fakecuda_registered_bytes();
-        still = now == last ? still + 1 : 0;
-        last = now;
-    }
-}
-
 int main(void)
 {
     drvtest_init();
@@ -53,7 +39,7 @@ int main(void)
     }
     int registered_on_arrival[ROUNDS] = { 0 };
     for (int r = 0; r < ROUNDS; r++) {
-        wait_registrations_settled();
+        drvtest_wait_registrations_settled();
         unsigned char *out[TENSORS];
         for (int i = 0; i < TENSORS; i++) {
             size_t n = tensor_bytes(i);
