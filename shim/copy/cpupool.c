@@ -491,8 +491,19 @@ int cpupool_workers(void)
     return __atomic_load_n(&pool.nworkers, __ATOMIC_RELAXED);
 }
 
+int cpupool_jobs_open(void)
+{
+    int n = 0;
+    for (int k = 0; k < MAX_JOBS; k++)
+        n += __atomic_load_n(&pool.slots[k].owned, __ATOMIC_RELAXED) != 0;
+    return n;
+}
+
 static void run_job(const struct copy_job *jp);
 static int split_and_run(struct copy_job *job, size_t total, size_t cap);
+static unsigned slice_count(size_t total, size_t cap);
+static struct job_slot *post_job(const struct copy_job *jp);
+static void finish_job(struct job_slot *s);
 
 int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
                  unsigned flags)
@@ -525,10 +536,9 @@ void cpupool_flush(const void *p, size_t n)
     }
 }
 
-/* Cut a job of `total` bytes into slices (small jobs in four at most, large ones in slices of at
- * least SLICE_MIN; one per thread, and `cap`, at most) and run it.  Returns 0 only with
- * CPUPOOL_TRY when the pool is busy. */
-static int split_and_run(struct copy_job *job, size_t total, size_t cap)
+/* How many slices a job of `total` bytes is cut into: small jobs in four at most, large ones in
+ * slices of at least SLICE_MIN; one per thread, and `cap`, at most. */
+static unsigned slice_count(size_t total, size_t cap)
 {
     size_t min_slice = total < 16 * SLICE_MIN ? (total / 4 > 4096 ? total / 4 : 4096) : SLICE_MIN;
     size_t n = total / min_slice;
@@ -537,11 +547,20 @@ static int split_and_run(struct copy_job *job, size_t total, size_t cap)
         n = parts;
     if (n > cap)
         n = cap;
+    return n ? (unsigned)n : 1;
+}
+
+/* Cut a job of `total` bytes into slices and run it.  Returns 0 only with CPUPOOL_TRY when the
+ * pool is busy. */
+static int split_and_run(struct copy_job *job, size_t total, size_t cap)
+{
+    unsigned n = slice_count(total, cap);
     if (n <= 1) {
+        job->nslices = 1;
         run_slice(job, 0);
         return 1;
     }
-    job->nslices = (unsigned)n;
+    job->nslices = n;
     if (job->flags & CPUPOOL_TRY)
         for (int k = 0; k < MAX_JOBS; k++)
             if (__atomic_load_n(&pool.slots[k].owned, __ATOMIC_RELAXED))
@@ -550,10 +569,11 @@ static int split_and_run(struct copy_job *job, size_t total, size_t cap)
     return 1;
 }
 
-/* Post a job of several slices, take a share of them, return when all are done. */
-static void run_job(const struct copy_job *jp)
+/* Post a job of several slices: its slot, where its owner finishes it (finish_job), or NULL
+ * when every slot is busy (more pipelines at once than it was sized for) and the caller has run
+ * it alone, still right. */
+static struct job_slot *post_job(const struct copy_job *jp)
 {
-    struct copy_job job = *jp;
     struct job_slot *s = NULL;
     for (int k = 0; k < MAX_JOBS && !s; k++) {
         int free_slot = 0;
@@ -562,20 +582,26 @@ static void run_job(const struct copy_job *jp)
             s = &pool.slots[k];
     }
     if (!s) {
-        /* Every slot busy (more pipelines at once than it was sized for): alone, still right. */
-        for (unsigned i = 0; i < job.nslices; i++)
-            run_slice(&job, i);
-        return;
+        for (unsigned i = 0; i < jp->nslices; i++)
+            run_slice(jp, i);
+        return NULL;
     }
-    s->job = job;
+    s->job = *jp;
     uint64_t ticket = __atomic_add_fetch(&pool.tickets, 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&s->word, ticket << 16 | (uint64_t)job.nslices << 8, __ATOMIC_RELEASE);
+    __atomic_store_n(&s->word, ticket << 16 | (uint64_t)jp->nslices << 8, __ATOMIC_RELEASE);
     __atomic_add_fetch(&pool.gen, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&pool.sleepers, __ATOMIC_SEQ_CST)) {
         pthread_mutex_lock(&pool.mu);
         pthread_cond_broadcast(&pool.work_cv);
         pthread_mutex_unlock(&pool.mu);
     }
+    return s;
+}
+
+/* The owner of slot s's job takes what is left of its slices and returns when all are done. */
+static void finish_job(struct job_slot *s)
+{
+    unsigned nslices = s->job.nslices;   /* the owner's own job: its fields stay put */
     int i;
     unsigned count;
     while ((i = claim(s, &count)) >= 0) {
@@ -586,15 +612,15 @@ static void run_job(const struct copy_job *jp)
      * sleeping caller is woken late (tens of microseconds on a virtual machine), once per
      * piece of a pipeline. */
     uint64_t t0 = shim_now_ns();
-    for (unsigned k = 0; __atomic_load_n(&s->done, __ATOMIC_ACQUIRE) < job.nslices; k++) {
+    for (unsigned k = 0; __atomic_load_n(&s->done, __ATOMIC_ACQUIRE) < nslices; k++) {
         if ((k & 63) == 63 && shim_now_ns() - t0 > OWNER_SPIN_NS)
             break;
         cpu_relax();
     }
-    if (__atomic_load_n(&s->done, __ATOMIC_ACQUIRE) < job.nslices) {
+    if (__atomic_load_n(&s->done, __ATOMIC_ACQUIRE) < nslices) {
         __atomic_store_n(&s->owner_waiting, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_lock(&pool.mu);
-        while (__atomic_load_n(&s->done, __ATOMIC_SEQ_CST) < job.nslices)
+        while (__atomic_load_n(&s->done, __ATOMIC_SEQ_CST) < nslices)
             pthread_cond_wait(&pool.done_cv, &pool.mu);
         pthread_mutex_unlock(&pool.mu);
         __atomic_store_n(&s->owner_waiting, 0, __ATOMIC_RELAXED);
@@ -603,6 +629,41 @@ static void run_job(const struct copy_job *jp)
     __atomic_store_n(&s->done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->word, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->owned, 0, __ATOMIC_RELEASE);
+}
+
+/* Post a job of several slices, take a share of them, return when all are done. */
+static void run_job(const struct copy_job *jp)
+{
+    struct job_slot *s = post_job(jp);
+    if (s)
+        finish_job(s);
+}
+
+void cpupool_copy_post(struct cpupool_pending *h, void *dst, size_t dpitch, const void *src,
+                       size_t spitch, size_t width, size_t rows, unsigned flags)
+{
+    h->slot = NULL;
+    if (rows > 1 && dpitch == width && spitch == width) {
+        width *= rows;
+        rows = 1;
+    }
+    cpupool_start();
+    struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags & ~(unsigned)CPUPOOL_TRY, 1,
+                            JOB_COPY, 0, 0 };
+    job.nslices = slice_count(width * rows, rows > 1 ? rows : SIZE_MAX);
+    if (job.nslices <= 1) {
+        job.nslices = 1;
+        run_slice(&job, 0);
+        return;
+    }
+    h->slot = post_job(&job);
+}
+
+void cpupool_wait(struct cpupool_pending *h)
+{
+    if (h->slot)
+        finish_job(h->slot);
+    h->slot = NULL;
 }
 
 size_t cpupool_prefault(void *p, size_t n)

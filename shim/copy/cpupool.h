@@ -28,6 +28,18 @@ enum cpupool_flags {
 int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
                  unsigned flags);
 
+/* The same, posted to the threads and waited for later: a pipeline posts its next piece's copy
+ * before it waits for the current one, so that the threads go on from one piece to the next
+ * while the pipeline's caller issues the finished piece's DMA, and a piece's slowest slice does
+ * not leave the others idle.  CPUPOOL_TRY does not apply.  Every posted copy must be waited for
+ * (cpupool_wait), by the thread that posted it, before its memory is reused or returned. */
+struct cpupool_pending {
+    void *slot;
+};
+void cpupool_copy_post(struct cpupool_pending *h, void *dst, size_t dpitch, const void *src,
+                       size_t spitch, size_t width, size_t rows, unsigned flags);
+void cpupool_wait(struct cpupool_pending *h);
+
 /* The same, without threads (memcpy, or streaming stores): for slices of the caller's own. */
 void cpupool_copy_here(void *dst, const void *src, size_t n, unsigned flags);
 
@@ -61,6 +73,9 @@ void cpupool_start(void);
 
 /* Threads the pool runs besides the caller (0 before the first copy). */
 int cpupool_workers(void);
+
+/* Jobs posted and not yet waited for, over every thread (0 whenever no copy is under way). */
+int cpupool_jobs_open(void);
 
 /* Ask the pool to place its threads on the CPUs nearest this device (a PCI bus id as the driver
  * gives it, e.g. "0000:0a:00.0"), before its first copy; ignored after. */

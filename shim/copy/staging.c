@@ -474,16 +474,6 @@ static CUresult buffer_free(struct lane *l, unsigned b)
     return r;
 }
 
-/* One piece's CPU side, timed for the statistics (where a staged copy's time goes). */
-static void piece_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                       size_t rows, unsigned flags)
-{
-    uint64_t t0 = shim_ticks();
-    cpupool_copy(dst, dpitch, src, spitch, width, rows, flags);
-    stats_add(STAT_STAGING_CPU_NS, shim_ns_since(t0));
-    stats_add(STAT_STAGING_PIECES, 1);
-}
-
 /* Wait until no DMA of this copy uses the lane's buffers (after an error). */
 static void lane_drain(struct lane *l, CUstream s)
 {
@@ -494,39 +484,94 @@ static void lane_drain(struct lane *l, CUstream s)
     memset(l->pending, 0, sizeof l->pending);
 }
 
-/* H2D: piece i goes through buffer i % nbuf; the CPU copy of piece i overlaps the DMA of the
- * pieces before it.  Returns once every byte of the source is in a buffer and its DMA issued:
- * the source is the program's again; the DMAs finish on the shim's stream (the caller orders
- * the program's later work after them). */
+/* A piece whose CPU side is posted to the copy threads and not yet waited for. */
+struct posted_piece {
+    struct piece p;
+    unsigned buf;
+    uint64_t posted;             /* shim_ticks() at posting */
+    struct cpupool_pending job;
+};
+
+/* Post piece p's CPU side between the program's memory and staging buffer b. */
+static void piece_post(struct posted_piece *pp, const struct stage_req *req, struct lane *l,
+                       const struct piece *p, unsigned b, unsigned flags)
+{
+    pp->p = *p;
+    pp->buf = b;
+    pp->posted = shim_ticks();
+    char *buf = l->mem + (size_t)b * l->chunk;
+    if (req->dir == DIR_H2D)
+        cpupool_copy_post(&pp->job, buf, p->ncols, piece_host(req, p), req->host_pitch, p->ncols,
+                          p->nrows, flags);
+    else
+        cpupool_copy_post(&pp->job, piece_host(req, p), req->host_pitch, buf, p->ncols, p->ncols,
+                          p->nrows, flags);
+}
+
+/* Wait for a posted piece's CPU side.  The statistics' CPU time is the pipeline's time with a
+ * piece being copied: pieces that overlap count once (*busy_until: where the last one ended). */
+static void piece_wait(struct posted_piece *pp, uint64_t *busy_until)
+{
+    cpupool_wait(&pp->job);
+    uint64_t now = shim_ticks();
+    uint64_t from = pp->posted > *busy_until ? pp->posted : *busy_until;
+    if (now > from)
+        stats_add(STAT_STAGING_CPU_NS, shim_ticks_to_ns(now - from));
+    *busy_until = now;
+    stats_add(STAT_STAGING_PIECES, 1);
+}
+
+/* H2D: piece i goes through buffer i % nbuf.  The next piece's CPU copy is posted before the
+ * current one is waited for, so that the copy threads go on to it while this thread issues the
+ * current piece's DMA; each DMA overlaps the CPU copies after it.  Returns once every byte of the
+ * source is in a buffer and its DMA issued: the source is the program's again; the DMAs finish
+ * on the shim's stream (the caller orders the program's later work after them). */
 static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, size_t piece, CUresult *result)
 {
     struct cursor c;
     struct piece p;
     cursor_init(&c, req->width, req->height, piece);
     CUresult r = CUDA_SUCCESS;
-    unsigned seq = 0;
+    unsigned seq = 0;            /* DMAs issued */
     unsigned flags = pool_flags(DIR_H2D);
     int flush = req->flush_host && cpupool_flushes();
     if (flush)
         flags |= CPUPOOL_FLUSH_SRC;
-    while (cursor_next(&c, &p)) {
-        unsigned b = seq % l->nbuf;
-        char *buf = l->mem + (size_t)b * l->chunk;
-        if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
-            goto fail;
-        piece_copy(buf, p.ncols, piece_host(req, &p), req->host_pitch, p.ncols, p.nrows, flags);
-        if (flush)
-            stats_add(STAT_STAGING_FLUSHED_BYTES, p.ncols * p.nrows);
-        if ((r = piece_dma(req, &p, buf, s)) != CUDA_SUCCESS)
-            goto fail;
-        seq++;
-        if ((r = drv.cuEventRecord(l->ev[b], s)) != CUDA_SUCCESS)
-            goto fail;
-        l->pending[b] = 1;
+    struct posted_piece cur = { .job = { NULL } }, next = { .job = { NULL } };
+    int have_cur = 0;
+    uint64_t busy_until = 0;
+    for (;;) {
+        int more = cursor_next(&c, &p);
+        if (more) {
+            unsigned b = (seq + (unsigned)have_cur) % l->nbuf;
+            if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
+                goto fail;
+            piece_post(&next, req, l, &p, b, flags);
+        }
+        if (have_cur) {
+            piece_wait(&cur, &busy_until);
+            if (flush)
+                stats_add(STAT_STAGING_FLUSHED_BYTES, cur.p.ncols * cur.p.nrows);
+            if ((r = piece_dma(req, &cur.p, l->mem + (size_t)cur.buf * l->chunk, s)) != CUDA_SUCCESS)
+                goto fail;
+            seq++;
+            if ((r = drv.cuEventRecord(l->ev[cur.buf], s)) != CUDA_SUCCESS)
+                goto fail;
+            l->pending[cur.buf] = 1;
+        }
+        if (!more)
+            break;
+        cur = next;
+        next.job.slot = NULL;
+        have_cur = 1;
     }
     *result = CUDA_SUCCESS;
     return RUN_DONE;
 fail:
+    /* No copy thread may still be writing a buffer (or reading the program's memory) once the
+     * copy returns. */
+    cpupool_wait(&cur.job);
+    cpupool_wait(&next.job);
     lane_drain(l, s);
     if (seq == 0)
         return RUN_DECLINED;   /* nothing reached the device: the original call says it best */
@@ -551,7 +596,9 @@ static void prefault_destination(const struct stage_req *req)
         stats_add(STAT_STAGING_PREFAULTED_BYTES, cpupool_prefault(req->host, n));
 }
 
-/* D2H: DMAs run up to nbuf ahead; as each completes its piece is copied out by the pool.
+/* D2H: DMAs run ahead into the buffers free of copying out; as each completes its piece's copy
+ * out is posted to the copy threads before the previous piece's is waited for, so that the
+ * threads go on to it while this thread issues the next DMA into the buffer just emptied.
  * Complete on return (the program may read its memory at once). */
 static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size_t piece, CUresult *result)
 {
@@ -559,11 +606,15 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
     struct piece inflight[MAX_BUFFERS];
     cursor_init(&c, req->width, req->height, piece);
     CUresult r = CUDA_SUCCESS;
-    unsigned issued = 0, completed = 0;
+    unsigned issued = 0, posted = 0, finished = 0;   /* DMAs; copies out posted, waited for */
     unsigned flags = pool_flags(DIR_D2H);
+    struct posted_piece out = { .job = { NULL } };
+    int have_out = 0;
+    uint64_t busy_until = 0;
     int more = 1;
     for (;;) {
-        while (more && issued - completed < l->nbuf) {
+        /* A buffer takes a DMA once its previous piece is copied out. */
+        while (more && issued - finished < l->nbuf) {
             unsigned b = issued % l->nbuf;
             if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
                 goto fail;
@@ -576,21 +627,33 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
                 goto fail;
             l->pending[b] = 1;
         }
-        if (completed == issued)
-            break;
-        if (completed == 0)
+        if (posted == issued) {
+            if (!have_out)
+                break;
+            piece_wait(&out, &busy_until);
+            finished++;
+            have_out = 0;
+            continue;
+        }
+        if (posted == 0)
             prefault_destination(req);   /* once, with the first DMAs under way */
-        unsigned b = completed % l->nbuf;
+        unsigned b = posted % l->nbuf;
         if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
             goto fail;
-        const struct piece *p = &inflight[b];
-        piece_copy(piece_host(req, p), req->host_pitch, l->mem + (size_t)b * l->chunk, p->ncols,
-                   p->ncols, p->nrows, flags);
-        completed++;
+        struct posted_piece next;
+        piece_post(&next, req, l, &inflight[b], b, flags);
+        posted++;
+        if (have_out) {
+            piece_wait(&out, &busy_until);
+            finished++;
+        }
+        out = next;
+        have_out = 1;
     }
     *result = CUDA_SUCCESS;
     return RUN_DONE;
 fail:
+    cpupool_wait(&out.job);   /* no copy thread writes the program's memory after the return */
     lane_drain(l, s);
     if (issued == 0)
         return RUN_DECLINED;

@@ -47,6 +47,11 @@ void fakecuda_set_register_delay_us(unsigned us);
 void fakecuda_set_unregister_signal(int sig);
 int fakecuda_in_unregister(void);
 
+/* Make linear host<->device copies (cuMemcpyHtoD*, cuMemcpyDtoH*) fail, as on a device lost in
+ * the middle of a pipeline: once n more of them have been accepted, each one returns err, until
+ * called again with err CUDA_SUCCESS. */
+void fakecuda_fail_copies_after(unsigned n, CUresult err);
+
 /* Violations detected so far (each also printed as "fakecuda: VIOLATION: ..." on stderr). */
 unsigned long fakecuda_violations(void);
 /* Calls so far of the exported entry point with that exact symbol name ("cuMemcpyHtoD_v2"). */

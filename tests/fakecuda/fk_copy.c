@@ -258,10 +258,28 @@ static CUresult pre(void)
     return CUDA_SUCCESS;
 }
 
+/* fakecuda_fail_copies_after: copies still accepted (-1: no failure set), and the error after. */
+static _Atomic long fk_copies_until_failure = -1;
+static _Atomic int fk_copy_failure;
+
+FK_PUBLIC void fakecuda_fail_copies_after(unsigned n, CUresult err)
+{
+    atomic_store(&fk_copy_failure, (int)err);
+    atomic_store(&fk_copies_until_failure, err == CUDA_SUCCESS ? -1 : (long)n);
+}
+
+static CUresult injected_failure(void)
+{
+    long left = atomic_load(&fk_copies_until_failure);
+    while (left > 0 && !atomic_compare_exchange_weak(&fk_copies_until_failure, &left, left - 1)) {}
+    return left == 0 ? (CUresult)atomic_load(&fk_copy_failure) : CUDA_SUCCESS;
+}
+
 static CUresult htod(const char *what, CUdeviceptr dst, const void *src, size_t n, CUstream s, int pt, int async)
 {
     xfer x = { 0 };
     CUresult r = pre();
+    if (!r) r = injected_failure();
     if (!r) r = set_dev(&x.dst, &x.dst_hostdev, dst);
     if (!r) r = set_host(&x.src, src);
     if (r) return r;
@@ -273,6 +291,7 @@ static CUresult dtoh(const char *what, void *dst, CUdeviceptr src, size_t n, CUs
 {
     xfer x = { 0 };
     CUresult r = pre();
+    if (!r) r = injected_failure();
     if (!r) r = set_host(&x.dst, dst);
     if (!r) r = set_dev(&x.src, &x.src_hostdev, src);
     if (r) return r;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <cuda.h>
 #include "base/config.h"
 #include "mem/registry.h"
@@ -46,6 +47,7 @@ static struct {
     size_t (*fake_registered)(void);
     CUresult (*launch_write)(CUstream, CUdeviceptr, int, size_t, unsigned);
     CUresult (*launch_write_ptsz)(CUstream, CUdeviceptr, int, size_t, unsigned);
+    void (*fail_copies_after)(unsigned, CUresult);
 } d;
 
 static CUcontext ctx;
@@ -96,6 +98,7 @@ static void open_driver(void)
     *(void **)&d.fake_registered = dlsym(h, "fakecuda_registered_bytes");
     *(void **)&d.launch_write = dlsym(h, "fakecuda_launch_write");
     *(void **)&d.launch_write_ptsz = dlsym(h, "fakecuda_launch_write_ptsz");
+    *(void **)&d.fail_copies_after = dlsym(h, "fakecuda_fail_copies_after");
     *(void **)&d.launch_host_func = dlsym(h, "cuLaunchHostFunc");
     CUdevice dev;
     MUST(d.init(0));
@@ -537,6 +540,38 @@ int main(int argc, char **argv)
         CHECKF(registry_registered_bytes() <= 2 * 3 * chunk, "at most two lanes per context");
         MUST(d.mem_free(a_dev));
         MUST(d.mem_free(b_dev));
+    }
+
+    /* ---- a DMA failing midway (the fake's injected failure): the copy fails with the
+     * driver's error; the copy threads, which work a piece ahead of the DMAs, are done with both
+     * sides at the return; the lane serves the next copy ---- */
+    if (d.fail_copies_after) {
+        settings(chunk, 3, 4, 16 * M);
+        size_t n = 12 * chunk;   /* twelve pieces */
+        unsigned char *dst = malloc(n);
+        unsigned char *snap = malloc(n);
+        for (int dir = 0; dir < 2; dir++) {
+            const char *what = dir == 0 ? "H2D" : "D2H";
+            memset(dst, 0xA5, n);
+            d.fail_copies_after(3, CUDA_ERROR_LAUNCH_FAILED);
+            int staged = dir == 0 ? stage(DIR_H2D, host, 0, dbuf, 0, n, 1, NULL, LEGACY, &r)
+                                  : stage(DIR_D2H, dst, 0, dbuf, 0, n, 1, NULL, LEGACY, &r);
+            d.fail_copies_after(0, CUDA_SUCCESS);
+            CHECKF(staged && r == CUDA_ERROR_LAUNCH_FAILED,
+                   "%s: the fourth piece's DMA failing fails the copy with its error (staged %d, %d)",
+                   what, staged, (int)r);
+            CHECKF(cpupool_jobs_open() == 0, "%s: every piece posted to the copy threads was waited for (%d open)",
+                   what, cpupool_jobs_open());
+            if (dir == 1) {
+                memcpy(snap, dst, n);
+                usleep(5000);
+                CHECKF(!memcmp(snap, dst, n), "D2H: nothing written into the destination after the return");
+                CHECKF(!memcmp(dst, host, chunk), "D2H: the pieces that arrived before the failure are copied out");
+            }
+        }
+        free(snap);
+        free(dst);
+        round_trip_1d(dbuf, n, 0, 0, "after a failed pipeline");
     }
 
     /* ---- stats, the pool restarting after shutdown ---- */
