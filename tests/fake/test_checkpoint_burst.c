@@ -1,6 +1,7 @@
 /* A checkpoint of many tensors of one size, written twice: each round's CPU copies are freed
  * together, in one burst far faster than the registrar registers them (each registration here
- * takes 3 ms, as a real one of a few MiB does).
+ * takes 3 ms, so that the small tensors of the test outrun it as a real checkpoint's large ones
+ * outrun a real registrar).
  *
  * Every round's bytes land.  Where the shim promotes: the first round's allocations miss the
  * pinned cache, and those misses size what the size keeps cached on free, so every block of the
