@@ -505,16 +505,27 @@ static unsigned slice_count(size_t total, size_t cap);
 static struct job_slot *post_job(const struct copy_job *jp);
 static void finish_job(struct job_slot *s);
 
+/* A copy's job, its bytes and how many slices it may take at most (one per row of a strided
+ * copy; rows contiguous on both sides are one row, split by bytes). */
+static struct copy_job copy_job_of(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                   size_t rows, unsigned flags, size_t *total, size_t *cap)
+{
+    if (rows > 1 && dpitch == width && spitch == width) {
+        width *= rows;
+        rows = 1;
+    }
+    *total = width * rows;
+    *cap = rows > 1 ? rows : SIZE_MAX;
+    return (struct copy_job){ dst, src, dpitch, spitch, width, rows, flags, 1, JOB_COPY, 0, 0 };
+}
+
 int cpupool_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
                  unsigned flags)
 {
-    if (rows > 1 && dpitch == width && spitch == width) {
-        width *= rows;   /* contiguous on both sides: one row, split by bytes */
-        rows = 1;
-    }
+    size_t total, cap;
+    struct copy_job job = copy_job_of(dst, dpitch, src, spitch, width, rows, flags, &total, &cap);
     cpupool_start();
-    struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags, 1, JOB_COPY, 0, 0 };
-    return split_and_run(&job, width * rows, rows > 1 ? rows : SIZE_MAX);
+    return split_and_run(&job, total, cap);
 }
 
 int cpupool_set(void *dst, int c, size_t n, unsigned flags)
@@ -642,15 +653,12 @@ static void run_job(const struct copy_job *jp)
 void cpupool_copy_post(struct cpupool_pending *h, void *dst, size_t dpitch, const void *src,
                        size_t spitch, size_t width, size_t rows, unsigned flags)
 {
+    size_t total, cap;
+    struct copy_job job = copy_job_of(dst, dpitch, src, spitch, width, rows, flags & ~(unsigned)CPUPOOL_TRY,
+                                      &total, &cap);
     h->slot = NULL;
-    if (rows > 1 && dpitch == width && spitch == width) {
-        width *= rows;
-        rows = 1;
-    }
     cpupool_start();
-    struct copy_job job = { dst, src, dpitch, spitch, width, rows, flags & ~(unsigned)CPUPOOL_TRY, 1,
-                            JOB_COPY, 0, 0 };
-    job.nslices = slice_count(width * rows, rows > 1 ? rows : SIZE_MAX);
+    job.nslices = slice_count(total, cap);
     if (job.nslices <= 1) {
         job.nslices = 1;
         run_slice(&job, 0);
