@@ -82,6 +82,8 @@ struct block {
                                * registration while it waited: the registrar skips it */
     int caching_on_free;      /* freed and queued to be registered, then cached (counted in
                                * caching_in_list until the registrar is done with it) */
+    int taken_back;           /* queued so, then handed to an allocation before its turn came
+                               * (bg_cancel set for it): freed again, it is queued again */
     CUcontext bg_ctx;         /* the context to register it in */
     CUcontext copy_ctx;       /* the context of its first copy the cost model judged */
     struct block *lru_prev, *lru_next;     /* cached: all, least recently freed last;
@@ -122,6 +124,7 @@ static uint32_t copied_frees[ARENA_CLASSES + 1];
  * transfer. */
 #define CACHE_ON_FREE_MIN 4
 static uint32_t caching_in_list[ARENA_CLASSES + 1]; /* queued to be registered and cached */
+static uint64_t caching_count;                      /* their sum, read without mu */
 static uint8_t cache_active[ARENA_CLASSES + 1];     /* atomic: a block of its size was copied */
 static uint8_t any_cache_active;                    /* atomic: one of them is (a heap that never
                                                      * copies pays one load per allocation) */
@@ -605,6 +608,13 @@ static void cache_drop_memory(struct block *b, uintptr_t *unmap, size_t *unmap_l
  * then stays shared among its threads rather than moving between them on every allocation. */
 #define CACHE_MISSED_MAX 4096u
 
+/* A block of list `list` queued to be registered and cached on free (+1), or no longer (-1). */
+static void caching_note(unsigned list, int delta)
+{
+    caching_in_list[list] += (uint32_t)delta;
+    __atomic_add_fetch(&caching_count, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
+}
+
 /* An allocation of a list that caches on free found no block there: its demand. */
 static void cache_note_miss(unsigned list)
 {
@@ -613,9 +623,46 @@ static void cache_note_miss(unsigned list)
         __atomic_add_fetch(&cache_missed[list], 1, __ATOMIC_RELAXED);
 }
 
+static struct block *bg_queue_at(unsigned i);
+static unsigned bg_queue_span(unsigned *head);
+
+/* A freed block of list `list` still waiting for its registration (the pinned cache on free),
+ * handed back to an allocation of n bytes aligned to align, or NULL (mu held).  Its pages are
+ * resident, where a block the arena gave instead might be fresh ones to fault in; the
+ * registrar skips it.  This is what an allocation gets when it comes before the registrar
+ * had a pause in the program's copies to register that block (bg_main). */
+static void *take_back(size_t n, size_t align, unsigned list)
+{
+    unsigned head, count = bg_queue_span(&head);
+    for (unsigned i = 0; i < count; i++) {
+        struct block *b = bg_queue_at(head + i);
+        if (!b->caching_on_free || b->changing || b->dead || b->bg_cancel || b->state != BLOCK_PAGEABLE ||
+            cache_list_of(b) != list || (b->base & (align - 1)))
+            continue;
+        size_t usable = b->map_base + b->map_len - b->base;
+        if (usable < n || (list == HUGE_FIT && usable / 2 > n))
+            continue;
+        b->caching_on_free = 0;
+        caching_note(list, -1);
+        b->freed_pending = 0;
+        b->bg_cancel = 1;
+        b->taken_back = 1;
+        b->size = n;
+        b->copies = 0;   /* a new allocation: its own copies judge it, as a cached block's do */
+        b->bytes_moved = 0;
+        b->copied_lo = b->copied_hi = 0;
+        b->last_use_ns = shim_now_ns();
+        if (b->slot)
+            b->slot->size = n;
+        stats_add(STAT_CACHE_TAKEN_BACK, 1);
+        return (void *)b->base;
+    }
+    return NULL;
+}
+
 void *registry_cache_take(size_t n, size_t align)
 {
-    if (!__atomic_load_n(&cache_count, __ATOMIC_RELAXED)) {
+    if (!__atomic_load_n(&cache_count, __ATOMIC_RELAXED) && !__atomic_load_n(&caching_count, __ATOMIC_RELAXED)) {
         if (__atomic_load_n(&any_cache_active, __ATOMIC_RELAXED))
             cache_note_miss(cache_list_for(n, align));
         return NULL;
@@ -651,11 +698,13 @@ void *registry_cache_take(size_t n, size_t align)
     } else {
         stats_add(STAT_CACHE_MISSES, 1);
         cache_note_miss(list);
+        void *back = caching_in_list[list] ? take_back(n, align, list) : NULL;
+        pthread_mutex_unlock(&mu);
+        return back;
     }
     pthread_mutex_unlock(&mu);
-    if (best)
-        stats_add(STAT_CACHE_HITS, 1);
-    return best ? (void *)best->base : NULL;
+    stats_add(STAT_CACHE_HITS, 1);
+    return (void *)best->base;
 }
 
 /* The program freed b while its registration was changing (mu held, the change over): the
@@ -927,6 +976,18 @@ static unsigned bg_head, bg_tail;   /* guarded by mu (the records) and bg_mu (th
 static int bg_started, bg_stop, bg_busy;
 static pthread_t bg_thread;
 
+/* The queue as take_back walks it (mu held): *head and how many wait. */
+static unsigned bg_queue_span(unsigned *head)
+{
+    *head = bg_head;
+    return bg_tail - bg_head;
+}
+
+static struct block *bg_queue_at(unsigned i)
+{
+    return bg_queue[i % BG_QUEUE];
+}
+
 static void hold_release(struct block *b)
 {
     b->inflight--;
@@ -946,13 +1007,69 @@ static void bg_finish(struct block *b)
 {
     b->bg_queued = 0;
     b->bg_cancel = 0;
+    b->taken_back = 0;
     if (b->caching_on_free) {
         b->caching_on_free = 0;
-        caching_in_list[cache_list_of(b)]--;
+        caching_note(cache_list_of(b), -1);
     }
     if (b->freed_pending)
         finish_free(b);   /* the queue's hold keeps b until hold_release */
     hold_release(b);
+}
+
+/* ---- the program's copies, as the registrar sees them ----
+ * A registration holds off the program's driver calls while it runs: on an H100 host a
+ * checkpoint's copies stood still for 25 ms while the registrar registered the blocks the round
+ * before had freed, and a model's move to the GPU waited out every registration made beside it
+ * (0.37 ms per 16 MiB).  A block the program copies again is worth registering at once; a freed
+ * one (the pinned cache on free) serves only a later allocation, so its registration waits for a
+ * pause in the program's copies, or takes at most a COLD_SHARE-th of the time while they go on. */
+#define COPY_PAUSE_NS 2000000ull     /* no copy began or ended for this long: a pause */
+#define COLD_SHARE 20
+#define COLD_POLL_NS 500000ull       /* how often a waiting registrar looks again */
+static int copies_in_call;           /* atomic */
+static uint64_t last_copy_ns;        /* atomic: a copy began or ended then (to COPY_STAMP_NS) */
+#define COPY_STAMP_NS 100000ull      /* a copy rewrites the shared stamp only when it is older */
+
+void registry_copy_activity(int begin)
+{
+    if (begin)
+        __atomic_add_fetch(&copies_in_call, 1, __ATOMIC_RELAXED);
+    else
+        __atomic_sub_fetch(&copies_in_call, 1, __ATOMIC_RELAXED);
+    uint64_t now = shim_now_ns();
+    if (now - __atomic_load_n(&last_copy_ns, __ATOMIC_RELAXED) >= COPY_STAMP_NS)
+        __atomic_store_n(&last_copy_ns, now, __ATOMIC_RELAXED);
+}
+
+static int program_copying(uint64_t now)
+{
+    return __atomic_load_n(&copies_in_call, __ATOMIC_RELAXED) > 0 ||
+           now - __atomic_load_n(&last_copy_ns, __ATOMIC_RELAXED) < COPY_PAUSE_NS;
+}
+
+/* A queued block whose registration only a later allocation would use (mu held). */
+static int bg_cold(const struct block *b)
+{
+    return b->caching_on_free && !b->dead && !b->bg_cancel && b->state == BLOCK_PAGEABLE;
+}
+
+/* The next queued block to serve, taken off the queue (mu held): the first that is not cold
+ * (copied again, or to be skipped), moved to the head; a cold one only when cold_may_go.  NULL
+ * when only cold ones wait and they may not go yet. */
+static struct block *bg_next(int cold_may_go)
+{
+    unsigned head = bg_head;
+    for (unsigned i = head; i != bg_tail; i++) {
+        struct block *b = bg_queue[i % BG_QUEUE];
+        if (cold_may_go || !bg_cold(b)) {
+            bg_queue[i % BG_QUEUE] = bg_queue[head % BG_QUEUE];
+            bg_queue[head % BG_QUEUE] = b;
+            __atomic_store_n(&bg_head, head + 1, __ATOMIC_RELEASE);
+            return b;
+        }
+    }
+    return NULL;
 }
 
 static void *bg_main(void *arg)
@@ -963,6 +1080,8 @@ static void *bg_main(void *arg)
      * shim opens no descriptor on a thread of its own (see cpupool_prefer_device). */
     pthread_setname_np(pthread_self(), "pinshim-register");
     drv_relax_capture();   /* its registrations must not touch a program's capture (base/real.h) */
+    uint64_t cold_after = 0;   /* while the program copies, no cold registration before then */
+    int holding_off = 0;       /* cold blocks wait for a pause now */
     pthread_mutex_lock(&bg_mu);
     for (;;) {
         while (!bg_stop && __atomic_load_n(&bg_head, __ATOMIC_ACQUIRE) == __atomic_load_n(&bg_tail, __ATOMIC_ACQUIRE))
@@ -972,18 +1091,44 @@ static void *bg_main(void *arg)
         bg_busy = 1;
         pthread_mutex_unlock(&bg_mu);
         pthread_mutex_lock(&mu);
-        struct block *b = bg_queue[bg_head % BG_QUEUE];
-        __atomic_store_n(&bg_head, bg_head + 1, __ATOMIC_RELEASE);
+        uint64_t now = shim_now_ns();
+        struct block *b = bg_next(now >= cold_after || !program_copying(now));
+        if (!b) {
+            /* Only freed blocks wait, and the program is copying: look again shortly, or when a
+             * block is queued. */
+            pthread_mutex_unlock(&mu);
+            if (!holding_off)
+                stats_add(STAT_REGISTRAR_HELD_OFF, 1);
+            holding_off = 1;
+            struct timespec until;
+            clock_gettime(CLOCK_MONOTONIC, &until);
+            until.tv_nsec += (long)COLD_POLL_NS;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            pthread_mutex_lock(&bg_mu);
+            bg_busy = 0;
+            pthread_cond_broadcast(&bg_cv);
+            if (!bg_stop)
+                pthread_cond_clockwait(&bg_cv, &bg_mu, CLOCK_MONOTONIC, &until);
+            continue;
+        }
+        holding_off = 0;
+        int cold = bg_cold(b);
         int skip = b->dead || b->state != BLOCK_PAGEABLE || b->bg_cancel;
         CUcontext ctx = b->bg_ctx;
         pthread_mutex_unlock(&mu);
         if (!skip && drv.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+            uint64_t t0 = shim_now_ns();
             /* Copies using it as pageable end within milliseconds; a block copied without
              * pause for a second is left pageable (its copies keep being staged). */
             for (int tries = 0; promote(b, 1) == PROMOTE_RETRY && tries < 10000 && !bg_stop; tries++)
                 usleep(100);
             CUcontext popped;
             drv.cuCtxPopCurrent_v2(&popped);
+            if (cold) {
+                uint64_t t1 = shim_now_ns();
+                cold_after = t1 + (t1 - t0) * (COLD_SHARE - 1);
+            }
         }
         pthread_mutex_lock(&mu);
         bg_finish(b);
@@ -1451,6 +1596,14 @@ enum registry_free_result registry_free(uintptr_t p, struct arena_slot *slot, ui
      * waits for the device to be idle, would never end.  A free during a change (or while a
      * background registration is queued) is carried out when the change ends. */
     if (b->bg_queued || b->changing) {
+        if (b->taken_back && !b->changing) {
+            /* Handed to an allocation while queued to be cached, freed again before the
+             * registrar's turn came: queued for the cache again. */
+            b->taken_back = 0;
+            b->bg_cancel = 0;
+            b->caching_on_free = 1;
+            caching_note(cache_list_of(b), 1);
+        }
         b->freed_pending = 1;
         pthread_mutex_unlock(&mu);
         return REG_FREE_DONE;
@@ -1466,7 +1619,7 @@ enum registry_free_result registry_free(uintptr_t p, struct arena_slot *slot, ui
     if (!shim_forked_child && b->state == BLOCK_PAGEABLE && worth_caching_on_free(b) && bg_enqueue(b)) {
         b->freed_pending = 1;   /* registered, then cached, by the registrar */
         b->caching_on_free = 1;
-        caching_in_list[cache_list_of(b)]++;
+        caching_note(cache_list_of(b), 1);
         stats_add(STAT_CACHED_ON_FREE, 1);
         pthread_mutex_unlock(&mu);
         return REG_FREE_DONE;
@@ -1617,8 +1770,10 @@ int registry_release_range(uintptr_t p, size_t n, int drop)
         for (size_t i = 0; i < w.n; i++) {
             struct block *b = w.found[i];
             int was_cached = b->state == BLOCK_CACHED;
-            if (b->bg_queued)
+            if (b->bg_queued) {
                 b->bg_cancel = 1;   /* waiting for the registrar: it must not register these pages */
+                b->taken_back = 0;
+            }
             if (!drop && b->state == BLOCK_PAGEABLE)
                 continue;
             if (b->state != BLOCK_PAGEABLE)
@@ -1844,9 +1999,10 @@ void registry_after_fork_child(void)
     memset(cache_fit, 0, sizeof cache_fit);
     memset(cached_in_list, 0, sizeof cached_in_list);
     memset(caching_in_list, 0, sizeof caching_in_list);
+    caching_count = 0;
     /* The registrar does not exist here: nothing queued will be registered. */
     for (struct block *b = all_records; b; b = b->all_next) {
-        b->bg_queued = b->bg_registering = b->caching_on_free = 0;
+        b->bg_queued = b->bg_registering = b->caching_on_free = b->taken_back = 0;
         if (b->freed_pending)
             b->dead = 1;
         b->freed_pending = 0;

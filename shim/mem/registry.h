@@ -56,6 +56,10 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
 /* async_pending: a trusted async copy may still use the registration (PINSHIM_TRUST_ASYNC). */
 void registry_copy_end(struct copy_hold *hold, int async_pending);
 
+/* A copy with a host side begins (1) or ends (0), whatever path it takes: the registrar holds
+ * freed blocks' registrations off while the program copies (registry.c, bg_main). */
+void registry_copy_activity(int begin);
+
 /* 1 when p is host memory the shim knows (a tracked block or a program-pinned range). */
 int registry_known_host(uintptr_t p);
 /* 1 when all of [p, p+n) lies in one tracked block or one program-pinned range. */
@@ -88,7 +92,8 @@ enum registry_free_result {
 enum registry_free_result registry_free(uintptr_t p, struct arena_slot *slot, uintptr_t *map,
                                         size_t *map_len, int *warm);
 /* An allocation of n bytes, aligned to align: a block from the pinned cache, registered and
- * resident, now the program's; NULL when none fits. */
+ * resident, or else a freed one still waiting to be registered for it (resident; the registrar
+ * then skips it), now the program's; NULL when none fits. */
 void *registry_cache_take(size_t n, size_t align);
 /* The program's memcpy/memmove wrote [p, p+n): a huge block mostly filled so is kept resident
  * once freed, for the next allocation of its size (see heap.c). */

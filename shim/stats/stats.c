@@ -910,8 +910,9 @@ static void write_json(struct out *o)
             C(STAGING_PIECES), seconds(stats_get(STAT_STAGING_CPU_NS)), seconds(stats_get(STAT_STAGING_WAIT_NS)),
             C(STAGED_ONE_SHOT), C(STAGED_WHILE_REGISTERING), C(STAGING_FLUSHED_BYTES),
             C(STAGING_PREFAULTED_BYTES));
-    out_fmt(o, "\"background\":{\"registrations\":%llu,\"cached_on_free\":%llu},\n",
-            C(BACKGROUND_REGISTRATIONS), C(CACHED_ON_FREE));
+    out_fmt(o, "\"background\":{\"registrations\":%llu,\"cached_on_free\":%llu,\"taken_back\":%llu,"
+               "\"held_off\":%llu},\n",
+            C(BACKGROUND_REGISTRATIONS), C(CACHED_ON_FREE), C(CACHE_TAKEN_BACK), C(REGISTRAR_HELD_OFF));
     out_fmt(o, "\"bounce\":{\"count\":%llu,\"bytes\":%llu,\"seconds\":%.6f,\"to_pinned\":%llu,"
                "\"from_pinned\":%llu,\"sets\":%llu,\"set_bytes\":%llu,\"set_seconds\":%.6f},\n",
             C(BOUNCE_COPIES), C(BOUNCE_BYTES), seconds(stats_get(STAT_BOUNCE_NS)), C(BOUNCE_TO_PINNED),

@@ -49,6 +49,8 @@ enum mem_kind {
     X(BACKGROUND_REGISTRATIONS, "background_registrations") \
     X(STAGED_WHILE_REGISTERING, "staged_while_registering") \
     X(CACHED_ON_FREE, "cached_on_free")                     \
+    X(CACHE_TAKEN_BACK, "cache_taken_back")                 \
+    X(REGISTRAR_HELD_OFF, "registrar_held_off")             \
     X(STAGING_CPU_NS, "staging_cpu_ns")                     \
     X(STAGING_WAIT_NS, "staging_wait_ns")                   \
     X(STAGING_PIECES, "staging_pieces")                     \
