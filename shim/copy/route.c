@@ -219,7 +219,7 @@ static CUresult route(const struct copy_desc *d)
                d->dir == DIR_D2D ? "device_only" : d->dir == DIR_H2H ? "host_only" : "no_host_side");
         return r;
     }
-    registry_copy_activity(1);
+    registry_copy_activity(1, d->bytes);
     int capturing = capture_active();
     int acting = shim_cfg.mode >= MODE_PIN && !capturing;
     struct copy_hold held = { NULL };
@@ -267,7 +267,7 @@ static CUresult route(const struct copy_desc *d)
             keep_pageable_semantics(&held, d->stream, d->flavour);
     }
     registry_copy_end(&held, 0);
-    registry_copy_activity(0);
+    registry_copy_activity(0, d->bytes);
     record(d, kind, t0, acting ? held.why : capturing ? "capturing" : "observe_mode");
     return r;
 }

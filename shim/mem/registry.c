@@ -123,6 +123,10 @@ static uint32_t copied_frees[ARENA_CLASSES + 1];
  * keeps what it has.  A miss raises the count only: blocks are cached only when they carried a
  * transfer. */
 #define CACHE_ON_FREE_MIN 4
+/* While the program copies, freed blocks are registered for the cache at once as long as no more
+ * than this many wait (a buffer freed every step); a burst beyond it (a checkpoint's tensors)
+ * waits for a pause in the copies (bg_main). */
+#define COLD_AT_ONCE 4
 static uint32_t caching_in_list[ARENA_CLASSES + 1]; /* queued to be registered and cached */
 static uint64_t caching_count;                      /* their sum, read without mu */
 static uint8_t cache_active[ARENA_CLASSES + 1];     /* atomic: a block of its size was copied */
@@ -629,12 +633,15 @@ static unsigned bg_queue_span(unsigned *head);
 /* A freed block of list `list` still waiting for its registration (the pinned cache on free),
  * handed back to an allocation of n bytes aligned to align, or NULL (mu held).  Its pages are
  * resident, where a block the arena gave instead might be fresh ones to fault in; the
- * registrar skips it.  This is what an allocation gets when it comes before the registrar
- * had a pause in the program's copies to register that block (bg_main). */
+ * registrar skips it.  This is what an allocation gets when a burst of frees waits for a pause
+ * in the program's copies (bg_main); the COLD_AT_ONCE oldest of the list are left to the
+ * registrar, so a buffer freed every step still ends up cached. */
 static void *take_back(size_t n, size_t align, unsigned list)
 {
+    if (caching_in_list[list] <= COLD_AT_ONCE)
+        return NULL;   /* registered soon (bg_main): the step after finds it cached */
     unsigned head, count = bg_queue_span(&head);
-    for (unsigned i = 0; i < count; i++) {
+    for (unsigned i = count; i-- > 0;) {   /* the most recently freed first */
         struct block *b = bg_queue_at(head + i);
         if (!b->caching_on_free || b->changing || b->dead || b->bg_cancel || b->state != BLOCK_PAGEABLE ||
             cache_list_of(b) != list || (b->base & (align - 1)))
@@ -698,7 +705,7 @@ void *registry_cache_take(size_t n, size_t align)
     } else {
         stats_add(STAT_CACHE_MISSES, 1);
         cache_note_miss(list);
-        void *back = caching_in_list[list] ? take_back(n, align, list) : NULL;
+        void *back = take_back(n, align, list);
         pthread_mutex_unlock(&mu);
         return back;
     }
@@ -1022,30 +1029,44 @@ static void bg_finish(struct block *b)
  * checkpoint's copies stood still for 25 ms while the registrar registered the blocks the round
  * before had freed, and a model's move to the GPU waited out every registration made beside it
  * (0.37 ms per 16 MiB).  A block the program copies again is worth registering at once; a freed
- * one (the pinned cache on free) serves only a later allocation, so its registration waits for a
- * pause in the program's copies, or takes at most a COLD_SHARE-th of the time while they go on. */
+ * one (the pinned cache on free) serves only a later allocation: a few are registered at once
+ * (COLD_AT_ONCE: a buffer freed every step, whose next step then finds it cached), a burst waits
+ * for a pause in the program's copies, or takes at most a COLD_SHARE-th of the time while they
+ * go on. */
 #define COPY_PAUSE_NS 2000000ull     /* no copy began or ended for this long: a pause */
 #define COLD_SHARE 20
 #define COLD_POLL_NS 500000ull       /* how often a waiting registrar looks again */
-static int copies_in_call;           /* atomic */
-static uint64_t last_copy_ns;        /* atomic: a copy began or ended then (to COPY_STAMP_NS) */
-#define COPY_STAMP_NS 100000ull      /* a copy rewrites the shared stamp only when it is older */
+/* A copy rewrites the shared stamp only when it is older than this many ticks: 100-300 us at
+ * the TSC rates of x86-64 servers, 300 us where ticks are nanoseconds; unconverted, as this runs
+ * on every copy. */
+#define COPY_STAMP_TICKS 300000ull
+#define LONG_COPY_MIN (1u << 20)     /* a copy this large may outlast a pause alone: counted */
+static int long_copies;              /* atomic: such copies under way */
+static uint64_t last_copy_ticks;     /* atomic: shim_ticks() when a copy last began or ended */
 
-void registry_copy_activity(int begin)
+/* On a small copy's path this costs a TSC read and a load of a line written once per
+ * COPY_STAMP_TICKS at most (a 4 KiB copy takes about 8 us): a short copy is stamped as it ends, a
+ * long one is counted while it runs. */
+void registry_copy_activity(int begin, size_t bytes)
 {
+    if (bytes >= LONG_COPY_MIN) {
+        if (begin)
+            __atomic_add_fetch(&long_copies, 1, __ATOMIC_RELAXED);
+        else
+            __atomic_sub_fetch(&long_copies, 1, __ATOMIC_RELAXED);
+    }
     if (begin)
-        __atomic_add_fetch(&copies_in_call, 1, __ATOMIC_RELAXED);
-    else
-        __atomic_sub_fetch(&copies_in_call, 1, __ATOMIC_RELAXED);
-    uint64_t now = shim_now_ns();
-    if (now - __atomic_load_n(&last_copy_ns, __ATOMIC_RELAXED) >= COPY_STAMP_NS)
-        __atomic_store_n(&last_copy_ns, now, __ATOMIC_RELAXED);
+        return;
+    uint64_t now = shim_ticks(), last = __atomic_load_n(&last_copy_ticks, __ATOMIC_RELAXED);
+    if (now - last >= COPY_STAMP_TICKS || now < last)
+        __atomic_store_n(&last_copy_ticks, now, __ATOMIC_RELAXED);
 }
 
-static int program_copying(uint64_t now)
+/* Whether the program copies now (0 since the stamp: another CPU's clock, taken as copying). */
+static int program_copying(void)
 {
-    return __atomic_load_n(&copies_in_call, __ATOMIC_RELAXED) > 0 ||
-           now - __atomic_load_n(&last_copy_ns, __ATOMIC_RELAXED) < COPY_PAUSE_NS;
+    return __atomic_load_n(&long_copies, __ATOMIC_RELAXED) > 0 ||
+           shim_ns_since(__atomic_load_n(&last_copy_ticks, __ATOMIC_RELAXED)) < COPY_PAUSE_NS;
 }
 
 /* A queued block whose registration only a later allocation would use (mu held). */
@@ -1092,7 +1113,9 @@ static void *bg_main(void *arg)
         pthread_mutex_unlock(&bg_mu);
         pthread_mutex_lock(&mu);
         uint64_t now = shim_now_ns();
-        struct block *b = bg_next(now >= cold_after || !program_copying(now));
+        int cold_may_go = now >= cold_after || !program_copying() ||
+                          __atomic_load_n(&caching_count, __ATOMIC_RELAXED) <= COLD_AT_ONCE;
+        struct block *b = bg_next(cold_may_go);
         if (!b) {
             /* Only freed blocks wait, and the program is copying: look again shortly, or when a
              * block is queued. */

@@ -56,9 +56,10 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
 /* async_pending: a trusted async copy may still use the registration (PINSHIM_TRUST_ASYNC). */
 void registry_copy_end(struct copy_hold *hold, int async_pending);
 
-/* A copy with a host side begins (1) or ends (0), whatever path it takes: the registrar holds
- * freed blocks' registrations off while the program copies (registry.c, bg_main). */
-void registry_copy_activity(int begin);
+/* A copy of `bytes` with a host side begins (1) or ends (0), whatever path it takes: the
+ * registrar holds freed blocks' registrations off while the program copies (registry.c,
+ * bg_main). */
+void registry_copy_activity(int begin, size_t bytes);
 
 /* 1 when p is host memory the shim knows (a tracked block or a program-pinned range). */
 int registry_known_host(uintptr_t p);

@@ -12,7 +12,9 @@
  * again and registered once the program pauses.
  * Part 2: a thread copies without pause while a round of freed blocks waits: few of them are
  * registered while it copies (each registration here takes 4 ms: at most one per 80 ms), all of
- * them once it stops. */
+ * them once it stops.
+ * Part 3: beside the same copies, a buffer allocated, copied once and freed every step: the few
+ * blocks waiting at a time are registered at once, and later steps get registered buffers. */
 #include <pthread.h>
 #include "drvtest.h"
 #include "fakecuda.h"
@@ -116,8 +118,9 @@ int main(void)
            same, BLOCKS, reg);
     if (expect) {
         CHECKF(y_registered == 0, "a round beyond the cache's blocks gets unregistered ones (%d)", y_registered);
-        /* The registrar may have begun one of them (the program paused) or two. */
-        CHECKF(same >= BLOCKS - 2, "allocations before the registrar's turn get those blocks back (%d of %d)",
+        /* All but the four freed first, which are left to the registrar (so that a buffer freed
+         * every step still ends up cached), and one it may have begun. */
+        CHECKF(same >= BLOCKS - 5, "allocations before the registrar's turn get those blocks back (%d of %d)",
                same, BLOCKS);
         CHECKF(reg <= 2, "unregistered (%d of %d registered)", reg, BLOCKS);
     }
@@ -164,10 +167,40 @@ int main(void)
     release(z);
     fakecuda_set_register_delay_us(0);
     drvtest_wait_registrations_settled();
+
+    /* ---- part 3: a buffer allocated, copied once and freed every step, beside copies that
+     * never pause: a block or two wait at a time, registered at once, and the steps after find
+     * them cached ---- */
+    fakecuda_set_register_delay_us(1000);
+    copier_stop = 0;
+    CHECK(pthread_create(&t, NULL, copier, ctx) == 0);
+    const size_t n3 = 768u << 10;   /* a size no part above used */
+    int steps = 48, cached_steps = 0, step_ok = 1;
+    for (int i = 0; i < steps; i++) {
+        unsigned char *p = malloc(n3);
+        if (!p) {
+            step_ok = 0;
+            break;
+        }
+        cached_steps += i >= steps / 2 && fakecuda_registered(p, n3);
+        fill_pattern(p, n3, 500u + (unsigned)i);
+        CU(cuMemcpyHtoD(dev[0], p, BLOCK_BYTES));   /* dev[0] is not read again */
+        free(p);
+    }
+    copier_stop = 1;
+    void *copies3;
+    pthread_join(t, &copies3);
+    fakecuda_set_register_delay_us(0);
+    drvtest_wait_registrations_settled();
+    printf("info: part 3: %d of the last %d steps' buffers came registered\n", cached_steps, steps / 2);
+    CHECKF(step_ok, "every step's allocation succeeds");
+    if (drvtest_expect_promotion(BLOCK_BYTES))
+        CHECKF(cached_steps >= steps / 4, "a buffer freed every step is cached beside copies that never pause "
+               "(%d of the last %d steps)", cached_steps, steps / 2);
     CHECKF(ok, "every round's copies carry the device's bytes");
     CHECKF(fakecuda_violations() == 0, "the fake saw no violations (%lu)", fakecuda_violations());
     for (int i = 0; i < BLOCKS; i++)
         CU(cuMemFree(dev[i]));
-    printf("EXPECTED_COPIES h2d=%ld d2h=%ld d2d=0\n", BLOCKS + (long)copies, d2h);
+    printf("EXPECTED_COPIES h2d=%ld d2h=%ld d2d=0\n", BLOCKS + (long)copies + (long)copies3 + steps, d2h);
     return TEST_SUMMARY();
 }
