@@ -21,8 +21,8 @@
 #   mappings made read-only then written, a signal handler that calls malloc),
 #   STRESS_DEADLINE (seconds; no seed starts after it, and the run fails as incomplete; 0: none).
 # Long mode (STRESS_LONG=1): 1000 seeds, one parallel job per CPU, delays "20 0" (async work
-# delayed by 20 us, and run as soon as its worker gets to it), 1 of the 11 variants per seed
-# besides the run without the shim (all 11 over every 11 seeds, each under both delays), 150
+# delayed by 20 us, and run as soon as its worker gets to it), 1 of the 12 variants per seed
+# besides the run without the shim (all 12 over every 12 seeds, each under both delays), 150
 # operations per thread, 256 live blocks per thread (1024 per process), hostile operations on,
 # a two-hour deadline: 2000 runs, 1.27 million operations, about 35 minutes on 2 cores (the
 # runs' time is mostly the kernel's: page faults, mappings, forks); each setting above still
@@ -103,6 +103,10 @@ ALL_VARIANTS=(
     # registrations and copies of the same blocks go on.  The cost model told as much (400 ms/GiB),
     # so that blocks above 640 KiB register in the background and smaller ones on the copy's path.
     "full-slow-register|PINSHIM_MODE=full PINSHIM_BUDGET=16M FAKECUDA_REGISTER_DELAY_US=2000 PINSHIM_REGISTER_COST=400000 $SMALL"
+    # Registrations of 8 ms and the default budget: a checkpoint round's burst of freed blocks
+    # queues up for the pinned cache, and the round after takes blocks back from the queue while
+    # the registrar holds the burst off (other threads copy).
+    "full-slow-cache|PINSHIM_MODE=full FAKECUDA_REGISTER_DELAY_US=8000"
     "pin-4M|PINSHIM_MODE=pin PINSHIM_BUDGET=4M PINSHIM_MIN_SIZE=4K"
     # A node budget half the process budget, shared by this run's processes (seeds run at once
     # in the long mode): reservations from the registrar thread and from copies' paths, slots
@@ -127,8 +131,14 @@ done
 rm -rf "$LOGDIR"; mkdir -p "$LOGDIR"
 ARGS=(--threads "$THREADS" --ops "$OPS" --watchdog "$WATCHDOG" --pool "$POOL")
 
-# delay_of SEED: the FAKECUDA_ASYNC_DELAY_US of that seed's runs.
-delay_of() { echo "${DELAYS[$(($1 % ${#DELAYS[@]}))]}"; }
+# delay_of SEED: the FAKECUDA_ASYNC_DELAY_US of that seed's runs.  With K variants per seed, the
+# delay changes with each full turn of the rotation (seed_variants), so that every variant runs
+# under every delay whatever the number of variants.
+delay_of() {
+    local i=$1
+    [ "$PER_SEED" -gt 0 ] && i=$(($1 * PER_SEED / ${#VARIANTS[@]}))
+    echo "${DELAYS[$((i % ${#DELAYS[@]}))]}"
+}
 
 # replay_cmd VARIANT_ENV SEED: the exact command line of one run.
 replay_cmd() {

@@ -1391,25 +1391,29 @@ static void op_pool(thr_t *t)
 
 /* A checkpoint round: a few blocks of one size allocated afresh, each filled from the device,
  * checked and all freed (the shim's pinned cache learns the demand of that size and serves
- * later rounds with blocks it registered on their way out, racing its own registrar). */
+ * later rounds with blocks it registered on their way out, racing its own registrar).  Up to
+ * eight blocks, and sometimes a second round at once: its allocations take back blocks of the
+ * first still waiting for the registrar, which holds a burst off while other threads copy. */
 static void op_round(thr_t *t)
 {
     t->what = "checkpoint round";
     OK(t, cuCtxSynchronize());
     settled(t, -1);
     size_t n = ((size_t)1 + rnd(t, 2)) << 20;
-    int k = 2 + (int)rnd(t, 3), d = (int)rnd(t, NDEV);
-    unsigned char *b[4];
+    int k = 2 + (int)rnd(t, 7), d = (int)rnd(t, NDEV), rounds = 1 + (int)rnd(t, 2);
+    unsigned char *b[8];
     door_t *dr = pick_door(t);
-    for (int i = 0; i < k; i++) {
-        b[i] = malloc(n);
-        if (!b[i]) abort();
-        OK(t, dr->dtoh(b[i], t->dv[d].d + (size_t)i * 4096, n));
-        t->copies++;
-    }
-    for (int i = 0; i < k; i++) {
-        logv(t, L_ROUND, hash_rows(b[i], n, 1, 1, n, n));
-        free(b[i]);
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < k; i++) {
+            b[i] = malloc(n);
+            if (!b[i]) abort();
+            OK(t, dr->dtoh(b[i], t->dv[d].d + (size_t)i * 4096, n));
+            t->copies++;
+        }
+        for (int i = 0; i < k; i++) {
+            logv(t, L_ROUND, hash_rows(b[i], n, 1, 1, n, n));
+            free(b[i]);
+        }
     }
 }
 
