@@ -1042,7 +1042,7 @@ static void bg_finish(struct block *b)
 #define COPY_STAMP_TICKS 300000ull
 #define LONG_COPY_MIN (1u << 20)     /* a copy this large may outlast a pause alone: counted */
 static int long_copies;              /* atomic: such copies under way */
-static uint64_t last_copy_ticks;     /* atomic: shim_ticks() when a copy last began or ended */
+static uint64_t last_copy_ticks;     /* atomic: shim_ticks() when a copy last ended */
 
 /* On a small copy's path this costs a TSC read and a load of a line written once per
  * COPY_STAMP_TICKS at most (a 4 KiB copy takes about 8 us): a short copy is stamped as it ends, a
@@ -1380,7 +1380,7 @@ enum mem_kind registry_copy_begin(uintptr_t p, size_t n, enum copy_dir dir, unsi
         if (v == COST_REGISTER_BACKGROUND && !bg_enqueue(b))
             v = COST_REGISTER;   /* no background thread: register on the copy's path */
     }
-    if (b->bg_queued && (flags & COPY_STAGEABLE)) {
+    if (b->bg_queued && !b->bg_cancel && (flags & COPY_STAGEABLE)) {
         /* Queued for a background registration: staging is right whether or not it lands
          * during the copy, so the copy does not hold it off (a loop of copies holding the block
          * one after the other kept the registrar waiting for a gap, the copies staged for up to
