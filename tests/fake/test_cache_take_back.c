@@ -1,15 +1,16 @@
 /* The pinned cache on free beside a program that keeps copying.
  *
  * A checkpoint's CPU tensors, freed together, are queued to be registered and cached for the
- * next round.  Registering holds off the program's driver calls while it runs, so those
- * registrations wait for a pause in the program's copies (a twentieth of the time at most
- * while the copies go on), and an allocation that comes before a queued block's turn gets that
- * block back, unregistered but resident, rather than fresh pages.
+ * next round.  Registering holds off the program's driver calls while it runs, so a burst of
+ * those registrations waits for a pause in the program's copies (a twentieth of the time at
+ * most while the copies go on; a few waiting blocks are registered at once), and an allocation
+ * that comes before a queued block's turn gets that block back, unregistered but resident,
+ * rather than fresh pages.
  *
  * Part 1: a slow registrar (each registration 40 ms): a round of blocks beyond what the cache
  * holds is freed, then a round of the same size allocated at once: the allocations get the freed
- * blocks back (same addresses), unregistered; their copies land; freed again, they are queued
- * again and registered once the program pauses.
+ * blocks back (same addresses; all but the four freed first), unregistered; their copies land;
+ * freed again, they are queued again and registered once the program pauses.
  * Part 2: a thread copies without pause while a round of freed blocks waits: few of them are
  * registered while it copies (each registration here takes 4 ms: at most one per 80 ms), all of
  * them once it stops.
