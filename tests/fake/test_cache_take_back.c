@@ -61,7 +61,7 @@ static int count_registered(unsigned char **p)
     return n;
 }
 
-static volatile int copier_stop;
+static int copier_stop;   /* atomic */
 
 static void *copier(void *arg)
 {
@@ -73,7 +73,7 @@ static void *copier(void *arg)
     CU(cuMemAlloc(&d, n));
     memset(src, 7, n);
     long copies = 0;
-    while (!copier_stop) {
+    while (!__atomic_load_n(&copier_stop, __ATOMIC_RELAXED)) {
         CU(cuMemcpyHtoD(d, src, n));
         copies++;
     }
@@ -142,14 +142,14 @@ int main(void)
     fill(z);
     fill(y);      /* beyond them: unregistered (but for one the cache may still have had) */
     int before = count_registered(y);
-    copier_stop = 0;
+    __atomic_store_n(&copier_stop, 0, __ATOMIC_RELAXED);
     pthread_t t;
     CHECK(pthread_create(&t, NULL, copier, ctx) == 0);
     drvtest_sleep_ms(20);
     release(y);
     drvtest_sleep_ms(400);
     int during = count_registered(y) - before;
-    copier_stop = 1;
+    __atomic_store_n(&copier_stop, 1, __ATOMIC_RELAXED);
     void *copies;
     pthread_join(t, &copies);
     drvtest_wait_registrations_settled();
@@ -173,7 +173,7 @@ int main(void)
      * never pause: a block or two wait at a time, registered at once, and the steps after find
      * them cached ---- */
     fakecuda_set_register_delay_us(1000);
-    copier_stop = 0;
+    __atomic_store_n(&copier_stop, 0, __ATOMIC_RELAXED);
     CHECK(pthread_create(&t, NULL, copier, ctx) == 0);
     const size_t n3 = 768u << 10;   /* a size no part above used */
     int steps = 48, cached_steps = 0, step_ok = 1;
@@ -188,7 +188,7 @@ int main(void)
         CU(cuMemcpyHtoD(dev[0], p, BLOCK_BYTES));   /* dev[0] is not read again */
         free(p);
     }
-    copier_stop = 1;
+    __atomic_store_n(&copier_stop, 1, __ATOMIC_RELAXED);
     void *copies3;
     pthread_join(t, &copies3);
     fakecuda_set_register_delay_us(0);
