@@ -627,8 +627,18 @@ static void cache_note_miss(unsigned list)
         __atomic_add_fetch(&cache_missed[list], 1, __ATOMIC_RELAXED);
 }
 
-static struct block *bg_queue_at(unsigned i);
-static unsigned bg_queue_span(unsigned *head);
+/* The background registrar's queue (its thread: see "background registration" below), which
+ * take_back also walks.  A checkpoint frees its hundred or so large tensors in one burst,
+ * faster than they register: the queue holds such a burst whole (a power of two: the indexes
+ * wrap). */
+#define BG_QUEUE 256
+
+static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t bg_cv = PTHREAD_COND_INITIALIZER;
+static struct block *bg_queue[BG_QUEUE];
+static unsigned bg_head, bg_tail;   /* guarded by mu (the records) and bg_mu (the wake-up) */
+static int bg_started, bg_stop, bg_busy;
+static pthread_t bg_thread;
 
 /* A freed block of list `list` still waiting for its registration (the pinned cache on free),
  * handed back to an allocation of n bytes aligned to align, or NULL (mu held).  Its pages are
@@ -640,9 +650,8 @@ static void *take_back(size_t n, size_t align, unsigned list)
 {
     if (caching_in_list[list] <= COLD_AT_ONCE)
         return NULL;   /* registered soon (bg_main): the step after finds it cached */
-    unsigned head, count = bg_queue_span(&head);
-    for (unsigned i = count; i-- > 0;) {   /* the most recently freed first */
-        struct block *b = bg_queue_at(head + i);
+    for (unsigned i = bg_tail - bg_head; i-- > 0;) {   /* the most recently freed first */
+        struct block *b = bg_queue[(bg_head + i) % BG_QUEUE];
         if (!b->caching_on_free || b->changing || b->dead || b->bg_cancel || b->state != BLOCK_PAGEABLE ||
             cache_list_of(b) != list || (b->base & (align - 1)))
             continue;
@@ -972,28 +981,6 @@ static void let_go(struct block *b)
  * free while it is being registered leaves the memory to the registrar, which caches it if the
  * registration took and gives it back otherwise. */
 
-/* A checkpoint frees its hundred or so large tensors in one burst, faster than they register:
- * the queue holds such a burst whole (a power of two: the indexes wrap). */
-#define BG_QUEUE 256
-
-static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t bg_cv = PTHREAD_COND_INITIALIZER;
-static struct block *bg_queue[BG_QUEUE];
-static unsigned bg_head, bg_tail;   /* guarded by mu (the records) and bg_mu (the wake-up) */
-static int bg_started, bg_stop, bg_busy;
-static pthread_t bg_thread;
-
-/* The queue as take_back walks it (mu held): *head and how many wait. */
-static unsigned bg_queue_span(unsigned *head)
-{
-    *head = bg_head;
-    return bg_tail - bg_head;
-}
-
-static struct block *bg_queue_at(unsigned i)
-{
-    return bg_queue[i % BG_QUEUE];
-}
 
 static void hold_release(struct block *b)
 {
