@@ -382,6 +382,7 @@ def trace_rows(raw):
         if not name.endswith(".trace"):
             continue
         groups = {}
+        splits = {}   # staged copies: their CPU time, DMA waits and first pieces' latency, in us
         try:
             with open(os.path.join(raw, name), encoding="utf-8", errors="replace") as f:
                 for line in f:
@@ -396,6 +397,14 @@ def trace_rows(raw):
                         key = f"{ev} " + ("shared" if fields.get("shared") == "1" else f"why={fields.get('why', '?')}")
                     elif ev in ("heap_alloc", "heap_free"):
                         key = ev + (f" reused={fields.get('reused')}" if ev == "heap_alloc" else f" kept={fields.get('kept')}")
+                    elif ev == "staged":
+                        key = f"staged {fields.get('dir', '?')}"
+                        split = splits.setdefault(key, [0, 0, 0])
+                        for i, k in enumerate(("cpu_us", "dma_wait_us", "first_us")):
+                            try:
+                                split[i] += int(fields.get(k, 0))
+                            except ValueError:
+                                pass
                     else:
                         key = ev
                     g = groups.setdefault(key, [0, 0, 0.0])
@@ -409,7 +418,11 @@ def trace_rows(raw):
             continue
         for key in sorted(groups, key=lambda k: -groups[k][2]):
             n, b, sec = groups[key]
-            rows.append([name[:-len(".trace")], key, str(n), f"{b / 2**30:.2f} GiB", f"{sec:.3f}",
+            label = key
+            if key in splits:
+                cpu, wait, first = splits[key]
+                label += f" (CPU {cpu / 1e6:.3f} s, DMA waits {wait / 1e6:.3f} s, first pieces {first / 1e6:.3f} s)"
+            rows.append([name[:-len(".trace")], label, str(n), f"{b / 2**30:.2f} GiB", f"{sec:.3f}",
                          f"{b / sec / 1e9:.1f}" if sec > 0 and b else "-"])
     return rows
 

@@ -6,7 +6,8 @@
 #   - the copies of 1 MiB and more, and the memcpy/memmove calls the copy threads shared, have a
 #     line each, as many as the statistics count (drv_host_copies, fresh and bounce modes); each
 #     copy line says why its path, in one of the words the README lists, the cost model's among
-#     them;
+#     them; each staged copy has a `staged` line, and their bytes, pieces and CPU time add up to
+#     the statistics' staging figures;
 #   - a program that closes every descriptor it did not open and reuses the numbers for files of
 #     its own gets no line in them (hostile_close_fds checks its files);
 #   - a path through a symbolic link writes into its target and leaves the link; a path that
@@ -61,6 +62,22 @@ for w in want:
         whys = {e.get("why") for e in events.get("copy", [])}
         if not whys & {"gain", "reused", "one_shot"}:
             problems.append(f"no copy line gives the cost model's reason (whys: {sorted(whys)})")
+    elif w == "staged":
+        # A line per staged copy, which adds up to the statistics' staging figures.
+        st, lines_ = stats["staging"], events.get("staged", [])
+        fields = ("dir", "bytes", "pieces", "first_us", "cpu_us", "dma_wait_us", "order_wait_us")
+        if st["count"] == 0 or len(lines_) != st["count"]:
+            problems.append(f"{len(lines_)} staged lines, the statistics count {st['count']} staged copies")
+        elif any(set(e) != set(fields) for e in lines_):
+            problems.append(f"a staged line without the fields {fields}: {lines_[0]}")
+        else:
+            for key, total in (("bytes", st["bytes"]), ("pieces", st["pieces"])):
+                got = sum(int(e[key]) for e in lines_)
+                if got != total:
+                    problems.append(f"staged lines' {key} add up to {got}, the statistics say {total}")
+            cpu_us = sum(int(e["cpu_us"]) for e in lines_)
+            if abs(cpu_us - st["cpu_seconds"] * 1e6) > len(lines_) + 1:
+                problems.append(f"staged lines' cpu_us add up to {cpu_us}, the statistics say {st['cpu_seconds']} s")
     elif w == "bounce":
         n = stats["bounce"]["count"]
         got = sum(1 for k in ("memcpy", "memmove") for e in events.get(k, []) if e.get("shared") == "1")
@@ -87,8 +104,8 @@ fi
 for mode in fresh bounce; do
     if shim PINSHIM_TRACE="$WORK/$mode.trace" PINSHIM_STATS="$WORK/$mode.json" "$COPIES" --mode $mode --quick \
             >"$WORK/$mode.out" 2>&1 &&
-       r=$(check "$WORK/$mode.trace" "$WORK/$mode.json" $([ $mode = fresh ] && echo copies || echo bounce) 2>&1); then
-        ok "drv_host_copies --mode $mode: a line per $([ $mode = fresh ] && echo "copy of 1 MiB and more" || echo "shared memcpy") ($r)"
+       r=$(check "$WORK/$mode.trace" "$WORK/$mode.json" $([ $mode = fresh ] && echo copies staged || echo bounce) 2>&1); then
+        ok "drv_host_copies --mode $mode: a line per $([ $mode = fresh ] && echo "copy of 1 MiB and more, and per staged copy" || echo "shared memcpy") ($r)"
     else
         bad "drv_host_copies --mode $mode: ${r:-the program failed}"; tail -3 "$WORK/$mode.out" | sed 's/^/    | /'
     fi

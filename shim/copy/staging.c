@@ -457,9 +457,20 @@ static unsigned pool_flags(enum copy_dir dir)
     return f | (dir == DIR_H2D ? CPUPOOL_FAULT_SRC : CPUPOOL_FAULT_DST);
 }
 
+/* Where one staged copy's time went, for its trace line (the statistics sum the same over all
+ * copies): the pipeline's time with a piece being copied by the CPU (pieces that overlap count
+ * once; busy_until is where the last one ended), its waits for DMAs, and how long its first
+ * piece took to be handed to the copy threads (D2H: its first DMA, and the pre-faulting of a
+ * fresh destination). */
+struct pipe_times {
+    uint64_t start, first_post, busy_until;   /* shim_ticks() */
+    uint64_t cpu_ns, wait_ns;
+    unsigned pieces;
+};
+
 /* Wait until no DMA uses buffer b of the lane: an earlier copy's (also another thread's: an
  * H2D copy returns before its last DMAs are done). */
-static CUresult buffer_free(struct lane *l, unsigned b)
+static CUresult buffer_free(struct lane *l, unsigned b, struct pipe_times *pt)
 {
     if (!l->pending[b])
         return CUDA_SUCCESS;
@@ -467,7 +478,9 @@ static CUresult buffer_free(struct lane *l, unsigned b)
     if (r == CUDA_ERROR_NOT_READY) {
         uint64_t t0 = shim_ticks();
         r = drv.cuEventSynchronize(l->ev[b]);
-        stats_add(STAT_STAGING_WAIT_NS, shim_ns_since(t0));
+        uint64_t waited = shim_ns_since(t0);
+        stats_add(STAT_STAGING_WAIT_NS, waited);
+        pt->wait_ns += waited;
     }
     if (r == CUDA_SUCCESS)
         l->pending[b] = 0;
@@ -494,11 +507,13 @@ struct posted_piece {
 
 /* Post piece p's CPU side between the program's memory and staging buffer b. */
 static void piece_post(struct posted_piece *pp, const struct stage_req *req, struct lane *l,
-                       const struct piece *p, unsigned b, unsigned flags)
+                       const struct piece *p, unsigned b, unsigned flags, struct pipe_times *pt)
 {
     pp->p = *p;
     pp->buf = b;
     pp->posted = shim_ticks();
+    if (!pt->first_post)
+        pt->first_post = pp->posted;
     char *buf = l->mem + (size_t)b * l->chunk;
     if (req->dir == DIR_H2D)
         cpupool_copy_post(&pp->job, buf, p->ncols, piece_host(req, p), req->host_pitch, p->ncols,
@@ -508,16 +523,19 @@ static void piece_post(struct posted_piece *pp, const struct stage_req *req, str
                           p->nrows, flags);
 }
 
-/* Wait for a posted piece's CPU side.  The statistics' CPU time is the pipeline's time with a
- * piece being copied: pieces that overlap count once (*busy_until: where the last one ended). */
-static void piece_wait(struct posted_piece *pp, uint64_t *busy_until)
+/* Wait for a posted piece's CPU side, and count its CPU time (see struct pipe_times). */
+static void piece_wait(struct posted_piece *pp, struct pipe_times *pt)
 {
     cpupool_wait(&pp->job);
     uint64_t now = shim_ticks();
-    uint64_t from = pp->posted > *busy_until ? pp->posted : *busy_until;
-    if (now > from)
-        stats_add(STAT_STAGING_CPU_NS, shim_ticks_to_ns(now - from));
-    *busy_until = now;
+    uint64_t from = pp->posted > pt->busy_until ? pp->posted : pt->busy_until;
+    if (now > from) {
+        uint64_t busy = shim_ticks_to_ns(now - from);
+        stats_add(STAT_STAGING_CPU_NS, busy);
+        pt->cpu_ns += busy;
+    }
+    pt->busy_until = now;
+    pt->pieces++;
     stats_add(STAT_STAGING_PIECES, 1);
 }
 
@@ -526,7 +544,8 @@ static void piece_wait(struct posted_piece *pp, uint64_t *busy_until)
  * current piece's DMA; each DMA overlaps the CPU copies after it.  Returns once every byte of the
  * source is in a buffer and its DMA issued: the source is the program's again; the DMAs finish
  * on the shim's stream (the caller orders the program's later work after them). */
-static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, size_t piece, CUresult *result)
+static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, size_t piece, CUresult *result,
+                   struct pipe_times *pt)
 {
     struct cursor c;
     struct piece p;
@@ -539,17 +558,16 @@ static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, size
         flags |= CPUPOOL_FLUSH_SRC;
     struct posted_piece cur = { .job = { NULL } }, next = { .job = { NULL } };
     int have_cur = 0;
-    uint64_t busy_until = 0;
     for (;;) {
         int more = cursor_next(&c, &p);
         if (more) {
             unsigned b = (seq + (unsigned)have_cur) % l->nbuf;
-            if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
+            if ((r = buffer_free(l, b, pt)) != CUDA_SUCCESS)
                 goto fail;
-            piece_post(&next, req, l, &p, b, flags);
+            piece_post(&next, req, l, &p, b, flags, pt);
         }
         if (have_cur) {
-            piece_wait(&cur, &busy_until);
+            piece_wait(&cur, pt);
             if (flush)
                 stats_add(STAT_STAGING_FLUSHED_BYTES, cur.p.ncols * cur.p.nrows);
             if ((r = piece_dma(req, &cur.p, l->mem + (size_t)cur.buf * l->chunk, s)) != CUDA_SUCCESS)
@@ -600,7 +618,8 @@ static void prefault_destination(const struct stage_req *req)
  * out is posted to the copy threads before the previous piece's is waited for, so that the
  * threads go on to it while this thread issues the next DMA into the buffer just emptied.
  * Complete on return (the program may read its memory at once). */
-static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size_t piece, CUresult *result)
+static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size_t piece, CUresult *result,
+                   struct pipe_times *pt)
 {
     struct cursor c;
     struct piece inflight[MAX_BUFFERS];
@@ -610,13 +629,12 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
     unsigned flags = pool_flags(DIR_D2H);
     struct posted_piece out = { .job = { NULL } };
     int have_out = 0;
-    uint64_t busy_until = 0;
     int more = 1;
     for (;;) {
         /* A buffer takes a DMA once its previous piece is copied out. */
         while (more && issued - finished < l->nbuf) {
             unsigned b = issued % l->nbuf;
-            if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
+            if ((r = buffer_free(l, b, pt)) != CUDA_SUCCESS)
                 goto fail;
             if (!(more = cursor_next(&c, &inflight[b])))
                 break;
@@ -630,7 +648,7 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
         if (posted == issued) {
             if (!have_out)
                 break;
-            piece_wait(&out, &busy_until);
+            piece_wait(&out, pt);
             finished++;
             have_out = 0;
             continue;
@@ -638,13 +656,13 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
         if (posted == 0)
             prefault_destination(req);   /* once, with the first DMAs under way */
         unsigned b = posted % l->nbuf;
-        if ((r = buffer_free(l, b)) != CUDA_SUCCESS)
+        if ((r = buffer_free(l, b, pt)) != CUDA_SUCCESS)
             goto fail;
         struct posted_piece next;
-        piece_post(&next, req, l, &inflight[b], b, flags);
+        piece_post(&next, req, l, &inflight[b], b, flags, pt);
         posted++;
         if (have_out) {
-            piece_wait(&out, &busy_until);
+            piece_wait(&out, pt);
             finished++;
         }
         out = next;
@@ -816,15 +834,18 @@ int staging_copy(const struct stage_req *req, CUresult *result)
      * work queued before the copy.  Such work (a host function, say) may rewrite the source,
      * and the device must get either all the bytes of the call or all the rewritten ones, never
      * a mix: so it is waited for before the first byte is read. */
+    uint64_t order_wait = 0;
     if (flat.dir == DIR_H2D && more_pieces_than(&flat, piece, l->nbuf) &&
         drv.cuEventQuery(ss->order_event) == CUDA_ERROR_NOT_READY) {
         uint64_t w0 = shim_now_ns();
         drv.cuEventSynchronize(ss->order_event);
-        stats_add(STAT_ORDERING_WAIT_NS, shim_now_ns() - w0);
+        order_wait = shim_now_ns() - w0;
+        stats_add(STAT_ORDERING_WAIT_NS, order_wait);
     }
     nvtx_push("pinshim staged copy");
-    int run = flat.dir == DIR_H2D ? run_h2d(&flat, l, ss->stream, piece, result)
-                                  : run_d2h(&flat, l, ss->stream, piece, result);
+    struct pipe_times pt = { .start = shim_ticks() };
+    int run = flat.dir == DIR_H2D ? run_h2d(&flat, l, ss->stream, piece, result, &pt)
+                                  : run_d2h(&flat, l, ss->stream, piece, result, &pt);
     nvtx_pop();
     if (run == RUN_DECLINED) {
         stats_add(STAT_STAGING_FAILURES, 1);
@@ -837,6 +858,13 @@ int staging_copy(const struct stage_req *req, CUresult *result)
         streams_program_waits(ss, req->stream, req->flavour) != 0)
         *result = drv.cuStreamSynchronize(ss->stream);
     staged = 1;
+    if (trace_on())
+        trace_event(shim_now_ns() - t0, "staged",
+                    "dir=%s bytes=%zu pieces=%u first_us=%llu cpu_us=%llu dma_wait_us=%llu order_wait_us=%llu",
+                    flat.dir == DIR_H2D ? "h2d" : "d2h", total, pt.pieces,
+                    (unsigned long long)(pt.first_post > pt.start ? shim_ticks_to_ns(pt.first_post - pt.start) / 1000 : 0),
+                    (unsigned long long)(pt.cpu_ns / 1000), (unsigned long long)(pt.wait_ns / 1000),
+                    (unsigned long long)(order_wait / 1000));
 out:
     if (l)
         lane_release(l);
