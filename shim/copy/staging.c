@@ -457,11 +457,11 @@ static unsigned pool_flags(enum copy_dir dir)
     return f | (dir == DIR_H2D ? CPUPOOL_FAULT_SRC : CPUPOOL_FAULT_DST);
 }
 
-/* Where one staged copy's time went, for its trace line (the statistics sum the same over all
- * copies): the pipeline's time with a piece being copied by the CPU (pieces that overlap count
- * once; busy_until is where the last one ended), its waits for DMAs, and how long its first
- * piece took to be handed to the copy threads (D2H: its first DMA, and the pre-faulting of a
- * fresh destination). */
+/* Where one staged copy's time went, for its trace line and, once the copy is done, the
+ * statistics' sums: the pipeline's time with a piece being copied by the CPU (pieces that
+ * overlap count once; busy_until is where the last one ended), its waits for DMAs, and how long
+ * its first piece took to be handed to the copy threads (D2H: its first DMA, and the
+ * pre-faulting of a fresh destination). */
 struct pipe_times {
     uint64_t start, first_post, busy_until;   /* shim_ticks() */
     uint64_t cpu_ns, wait_ns;
@@ -478,9 +478,7 @@ static CUresult buffer_free(struct lane *l, unsigned b, struct pipe_times *pt)
     if (r == CUDA_ERROR_NOT_READY) {
         uint64_t t0 = shim_ticks();
         r = drv.cuEventSynchronize(l->ev[b]);
-        uint64_t waited = shim_ns_since(t0);
-        stats_add(STAT_STAGING_WAIT_NS, waited);
-        pt->wait_ns += waited;
+        pt->wait_ns += shim_ns_since(t0);
     }
     if (r == CUDA_SUCCESS)
         l->pending[b] = 0;
@@ -529,14 +527,10 @@ static void piece_wait(struct posted_piece *pp, struct pipe_times *pt)
     cpupool_wait(&pp->job);
     uint64_t now = shim_ticks();
     uint64_t from = pp->posted > pt->busy_until ? pp->posted : pt->busy_until;
-    if (now > from) {
-        uint64_t busy = shim_ticks_to_ns(now - from);
-        stats_add(STAT_STAGING_CPU_NS, busy);
-        pt->cpu_ns += busy;
-    }
+    if (now > from)
+        pt->cpu_ns += shim_ticks_to_ns(now - from);
     pt->busy_until = now;
     pt->pieces++;
-    stats_add(STAT_STAGING_PIECES, 1);
 }
 
 /* H2D: piece i goes through buffer i % nbuf.  The next piece's CPU copy is posted before the
@@ -847,6 +841,9 @@ int staging_copy(const struct stage_req *req, CUresult *result)
     int run = flat.dir == DIR_H2D ? run_h2d(&flat, l, ss->stream, piece, result, &pt)
                                   : run_d2h(&flat, l, ss->stream, piece, result, &pt);
     nvtx_pop();
+    stats_add(STAT_STAGING_CPU_NS, pt.cpu_ns);
+    stats_add(STAT_STAGING_WAIT_NS, pt.wait_ns);
+    stats_add(STAT_STAGING_PIECES, pt.pieces);
     if (run == RUN_DECLINED) {
         stats_add(STAT_STAGING_FAILURES, 1);
         goto out;

@@ -981,7 +981,6 @@ static void let_go(struct block *b)
  * free while it is being registered leaves the memory to the registrar, which caches it if the
  * registration took and gives it back otherwise. */
 
-
 static void hold_release(struct block *b)
 {
     b->inflight--;
