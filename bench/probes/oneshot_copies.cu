@@ -2,13 +2,16 @@
 // is copied once with cudaMemcpyAsync on the legacy stream and then cudaStreamSynchronize, as
 // PyTorch's tensor.to() does; per size: the aggregate GB/s, the median time in the call and the
 // median time in the synchronize (a staged H2D copy returns once its source is read; its last
-// DMAs finish in the synchronize).  PINNED=1: cudaMallocHost buffers (the ceiling).
+// DMAs finish in the synchronize).  PINNED=1: cudaMallocHost buffers (the ceiling).  HUGE=1:
+// each pageable buffer asks for transparent huge pages (MADV_HUGEPAGE) before it is filled, so
+// that a staged copy's CPU side walks 2 MiB pages instead of 4 KiB ones.
 //   nvcc -O2 -o oneshot_copies bench/probes/oneshot_copies.cu
 //   ./oneshot_copies h2d|d2h SIZE_MIB...        (with and without LD_PRELOAD=libpinshim.so)
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <algorithm>
 #include <vector>
@@ -18,6 +21,7 @@ static double now() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.t
 int main(int argc, char **argv)
 {
     int pinned = getenv("PINNED") && atoi(getenv("PINNED"));
+    int huge = getenv("HUGE") && atoi(getenv("HUGE"));
     const char *dirs = argc > 1 ? argv[1] : "h2d";
     int d2h = !strcmp(dirs, "d2h");
     cudaFree(0);
@@ -27,7 +31,12 @@ int main(int argc, char **argv)
         std::vector<char *> h(n + 1);
         for (int i = 0; i <= n; i++) {
             if (pinned) cudaMallocHost((void **)&h[i], S);
-            else h[i] = (char *)malloc(S);
+            else if (huge) {
+                // 2 MiB-aligned, so that every page of the buffer can be a huge one
+                if (posix_memalign((void **)&h[i], 2u << 20, S)) h[i] = NULL;
+                else madvise(h[i], S, MADV_HUGEPAGE);
+            } else h[i] = (char *)malloc(S);
+            if (!h[i]) { printf("error: no memory for %zu bytes\n", S); return 1; }
             memset(h[i], i + 1, S);
         }
         char *d; cudaMalloc(&d, S);
@@ -49,8 +58,8 @@ int main(int argc, char **argv)
         }
         double T = now() - T0;
         std::sort(call.begin(), call.end()); std::sort(sync.begin(), sync.end());
-        printf("%s %s %6.1f MiB x%2d: %6.2f GB/s  call med %8.1f us  sync med %8.1f us  (per copy %8.1f us)\n",
-               pinned ? "pinned" : "pageable", d2h ? "D2H" : "H2D", S / 1048576.0, n, (double)S * n / T / 1e9,
+        printf("%s%s %s %6.1f MiB x%2d: %6.2f GB/s  call med %8.1f us  sync med %8.1f us  (per copy %8.1f us)\n",
+               pinned ? "pinned" : "pageable", huge && !pinned ? "-huge" : "", d2h ? "D2H" : "H2D", S / 1048576.0, n, (double)S * n / T / 1e9,
                call[n / 2] * 1e6, sync[n / 2] * 1e6, T / n * 1e6);
         for (int i = 0; i <= n; i++) { if (pinned) cudaFreeHost(h[i]); else free(h[i]); }
         cudaFree(d);
