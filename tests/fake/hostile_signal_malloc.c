@@ -8,14 +8,20 @@
  * deadlock either.
  * Signals: a POSIX timer aimed at the main thread (SIGPROF, every 50 us) and a thread sending
  * SIGUSR1 with pthread_kill in bursts.  A watchdog ends a hung run after HOSTILE_WATCHDOG
- * seconds (default 20) with a FAIL line and exit status 99.  The work runs about 4 s. */
+ * seconds (default 20) with a FAIL line, each thread's state and stack, and exit status 99.  The
+ * work runs about 4 s. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include "drvtest.h"
@@ -52,6 +58,65 @@ static void block_signals(void)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 }
 
+/* Append " what=[first line of /proc/self/task/<tid>/<what>]" to out (no allocation: a hung
+ * thread may hold the allocator's lock). */
+static void append_task_file(char *out, size_t cap, const char *tid, const char *what)
+{
+    char path[96], buf[200];
+    snprintf(path, sizeof path, "/proc/self/task/%s/%s", tid, what);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return;
+    buf[n] = 0;
+    buf[strcspn(buf, "\n")] = 0;
+    size_t used = strlen(out);
+    snprintf(out + used, cap - used, " %s=[%s]", what, buf);
+}
+
+/* Where a hung run stands, for whoever reads the log: each thread's name, kernel wait and
+ * system call, and, where gdb is installed, every thread's stack. */
+static void report_hang(void)
+{
+    char dents[4096], line[768];
+    int dfd = open("/proc/self/task", O_RDONLY | O_DIRECTORY);
+    long n;
+    while (dfd >= 0 && (n = syscall(SYS_getdents64, dfd, dents, sizeof dents)) > 0) {
+        for (long off = 0; off < n;) {
+            struct dirent64 *e = (struct dirent64 *)(dents + off);
+            off += e->d_reclen;
+            if (e->d_name[0] == '.')
+                continue;
+            snprintf(line, sizeof line, "thread %s:", e->d_name);
+            append_task_file(line, sizeof line, e->d_name, "comm");
+            append_task_file(line, sizeof line, e->d_name, "wchan");
+            append_task_file(line, sizeof line, e->d_name, "syscall");
+            size_t len = strlen(line);
+            line[len++] = '\n';
+            ssize_t w = write(1, line, len);
+            (void)w;
+        }
+    }
+    if (dfd >= 0)
+        close(dfd);
+    /* gdb, a child of this process, may attach to it (Yama's default lets only ancestors); it
+     * runs without the shim preloaded. */
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    char cmd[200], path_env[512];
+    snprintf(cmd, sizeof cmd, "command -v gdb >/dev/null && timeout 60 gdb -p %d -batch -nx "
+             "-ex 'thread apply all bt' 2>&1 | grep -E '^(Thread|#)'", (int)getpid());
+    const char *path = getenv("PATH");
+    snprintf(path_env, sizeof path_env, "PATH=%s", path ? path : "/usr/bin:/bin");
+    char *argv[] = { "sh", "-c", cmd, NULL };
+    char *envp[] = { path_env, NULL };
+    pid_t child;
+    if (posix_spawn(&child, "/bin/sh", NULL, NULL, argv, envp) == 0)
+        waitpid(child, NULL, 0);
+}
+
 static void *watchdog(void *arg)
 {
     block_signals();
@@ -63,6 +128,7 @@ static void *watchdog(void *arg)
                          secs, step, (const char *)doing, (long)handled);
         ssize_t w = write(1, buf, (size_t)n);
         (void)w;
+        report_hang();
         _exit(99);
     }
     return NULL;
