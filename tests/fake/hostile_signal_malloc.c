@@ -7,9 +7,10 @@
  * hold, and the C library alone would deadlock); a library that interposes malloc must not
  * deadlock either.
  * Signals: a POSIX timer aimed at the main thread (SIGPROF, every 50 us) and a thread sending
- * SIGUSR1 with pthread_kill in bursts.  A watchdog ends a hung run after HOSTILE_WATCHDOG
- * seconds (default 20) with a FAIL line, each thread's state and stack, and exit status 99.  The
- * work runs about 4 s. */
+ * SIGUSR1 with pthread_kill in bursts.  A watchdog ends a run that makes no progress (no call of
+ * the main loop returns) for HOSTILE_WATCHDOG seconds (default 20) with a FAIL line, each
+ * thread's state and stack, and exit status 99: a hang, told apart from a machine slow enough
+ * that the work takes longer.  The work runs about 4 s. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -33,7 +34,11 @@
 static volatile sig_atomic_t handled;
 static volatile sig_atomic_t stop;
 static volatile unsigned long step;
+static volatile unsigned long progress;   /* calls of the main loop returned */
 static volatile const char *doing = "start";
+
+/* The main loop enters a phase: what the watchdog names if it hangs there. */
+#define PHASE(what) (doing = (what), progress++)
 static pthread_t main_thread;
 
 static void handler(int sig)
@@ -121,11 +126,19 @@ static void *watchdog(void *arg)
 {
     block_signals();
     unsigned secs = (unsigned)(uintptr_t)arg;
-    for (unsigned i = 0; i < secs * 10 && !stop; i++) usleep(100000);
+    unsigned long seen = progress;
+    unsigned still = 0, ticks = 0;   /* tenths of a second without progress; in all */
+    for (; still < secs * 10 && !stop; ticks++) {
+        usleep(100000);
+        unsigned long now = progress;
+        still = now == seen ? still + 1 : 0;
+        seen = now;
+    }
     if (!stop) {
         char buf[256];
-        int n = snprintf(buf, sizeof buf, "FAIL hang: not finished after %u s (step %lu, %s; %ld signals handled)\n",
-                         secs, step, (const char *)doing, (long)handled);
+        int n = snprintf(buf, sizeof buf,
+                         "FAIL hang: no progress for %u s (step %lu, %s; %u s into the run; %ld signals handled)\n",
+                         secs, step, (const char *)doing, ticks / 10, (long)handled);
         ssize_t w = write(1, buf, (size_t)n);
         (void)w;
         report_hang();
@@ -212,7 +225,7 @@ int main(void)
         size_t n = ((size_t)1 << 20) + (size_t)(next() % (MAXN - ((size_t)1 << 20)));
         int use_mmap = next() & 1;
         unsigned char *p;
-        doing = use_mmap ? "mmap" : "malloc";
+        PHASE(use_mmap ? "mmap" : "malloc");
         if (use_mmap) {
             p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (p == MAP_FAILED) p = NULL;
@@ -223,30 +236,38 @@ int main(void)
             bad++;
             continue;
         }
+        PHASE("fill");
         fill_pattern(p, n, (unsigned)step);
         int rounds = 1 + (int)(next() % 4);
         for (int r = 0; r < rounds; r++) {
             int async = next() & 1;
-            doing = async ? "async copies" : "sync copies";
             if (async) {
+                PHASE("async H2D copy");
                 CU(cuMemcpyHtoDAsync(dev, p, n, s));
+                PHASE("memset");
                 memset(check, 0, n);
+                PHASE("async D2H copy");
                 CU(cuMemcpyDtoHAsync(check, dev, n, s));
+                PHASE("stream synchronize");
                 CU(cuStreamSynchronize(s));
             } else {
+                PHASE("sync H2D copy");
                 CU(cuMemcpyHtoD(dev, p, n));
+                PHASE("memset");
                 memset(check, 0, n);
+                PHASE("sync D2H copy");
                 CU(cuMemcpyDtoH(check, dev, n));
             }
             copies += 2;
+            PHASE("compare");
             if (memcmp(check, p, n) != 0) bad++;
         }
-        doing = use_mmap ? "munmap" : "free";
+        PHASE(use_mmap ? "munmap" : "free");
         if (use_mmap) munmap(p, n);
         else free(p);
         /* now and then a burst of large blocks held at once */
         if (step % 16 == 0) {
-            doing = "malloc burst";
+            PHASE("malloc burst");
             void *blk[16];
             for (int i = 0; i < 16; i++) {
                 blk[i] = malloc(((size_t)256 << 10) << (next() % 5));
@@ -255,7 +276,7 @@ int main(void)
             for (int i = 0; i < 16; i++) free(blk[i]);
         }
     }
-    doing = "finish";
+    PHASE("finish");
     if (have_timer) timer_delete(tm);
     stop = 1;
     pthread_join(kt, NULL);
