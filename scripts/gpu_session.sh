@@ -17,6 +17,9 @@
 #                     estimated time does not fit in what is left is skipped, and said so; each
 #                     stage runs under `timeout` of what is left
 #   --no-suite        skip the GPU suite
+#   --probe NAME      after the benchmarks, a probe of bench/probes/ (staged_settings: where a
+#                     staged copy's time goes, settings varied one at a time); its table is
+#                     printed with the report.  May be repeated
 # Environment: OUT (default build/gpu-session); BENCH_COMMIT, the commit to name where the tree
 # came without its history; GPU_SESSION_EST (below); and anything bench/run_bench.sh reads (BENCH_REPS, BENCH_DL_REPS,
 # ...; the estimates below assume their defaults).
@@ -29,7 +32,8 @@ GROUPS_ASKED=all
 QUICK=0
 BUDGET=540
 SUITE=1
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+PROBES=()
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --bench) [ $# -ge 2 ] || usage; GROUPS_ASKED=$2; shift 2 ;;
@@ -38,6 +42,8 @@ while [ $# -gt 0 ]; do
     --budget) [ $# -ge 2 ] || usage; BUDGET=$2; shift 2 ;;
     --budget=*) BUDGET=${1#*=}; shift ;;
     --no-suite) SUITE=0; shift ;;
+    --probe) [ $# -ge 2 ] || usage; PROBES+=("$2"); shift 2 ;;
+    --probe=*) PROBES+=("${1#*=}"); shift ;;
     -h | --help) usage ;;
     *) echo "gpu_session: unknown argument $1" >&2; usage ;;
     esac
@@ -50,13 +56,13 @@ declare -A EST_FULL=(
     [build]=20 [suite]=300
     [malloc]=60 [heap]=45 [sweep]=70 [loop]=45 [latency]=80 [staging]=15 [train]=60 [drv]=15
     [two]=30 [torch]=90 [cupy]=30 [ab]=15 [model]=150 [safetensors]=70 [dataloader]=110
-    [fresh]=90 [two_fresh]=45 [bounce]=60 [jax]=75
+    [fresh]=90 [two_fresh]=45 [bounce]=60 [jax]=75 [staged_settings]=100
 )
 declare -A EST_QUICK=(
     [build]=60 [suite]=300
     [malloc]=10 [heap]=8 [sweep]=10 [loop]=5 [latency]=5 [staging]=3 [train]=10 [drv]=3
     [two]=5 [torch]=25 [cupy]=8 [ab]=8 [model]=35 [safetensors]=18 [dataloader]=40
-    [fresh]=5 [two_fresh]=3 [bounce]=3 [jax]=20
+    [fresh]=5 [two_fresh]=3 [bounce]=3 [jax]=20 [staged_settings]=100
 )
 # GPU_SESSION_EST="suite=160 latency=70": estimates measured on the machine at hand, in seconds,
 # replace these for this call (the planner keeps the groups' time for them, so a high suite
@@ -130,6 +136,18 @@ avail=$(($(left) - $(est build)))
 [ $SUITE = 1 ] && avail=$((avail - $(est suite)))
 chosen=() dropped=()
 planned=0
+# The probes first: asked for by name, they are what the call is for.
+probes=()
+for pr in "${PROBES[@]}"; do
+    if [ ! -x "$ROOT/bench/probes/$pr.sh" ] || [ -z "${EST_FULL[$pr]+x}" ]; then
+        dropped+=("$pr (no such probe)")
+    elif [ $((planned + $(est "$pr"))) -le "$avail" ]; then
+        probes+=("$pr")
+        planned=$((planned + $(est "$pr")))
+    else
+        dropped+=("$pr (estimate $(est "$pr")s)")
+    fi
+done
 for g in $wanted; do
     if [[ " $ALL_GROUPS " != *" $g "* ]]; then
         dropped+=("$g (no such group)")
@@ -212,13 +230,23 @@ elif [ ${#chosen[@]} -gt 0 ]; then
         python3 bench/summarize.py "$WORK/bench" >>"$WORK/bench.log" 2>&1
     fi
     note="groups $only (planned ${planned}s)"
-    [ ${#dropped[@]} -gt 0 ] && note="$note; NOT RUN, over the budget: ${dropped[*]}"
+    [ ${#dropped[@]} -gt 0 ] && note="$note; NOT RUN: ${dropped[*]}"
     note_stage bench "$STAGE_STATUS" "$STAGE_SECS" "$note"
 else
     note="no group asked"
-    [ ${#dropped[@]} -gt 0 ] && note="NOT RUN, over the budget: ${dropped[*]}"
+    [ ${#dropped[@]} -gt 0 ] && note="NOT RUN: ${dropped[*]}"
     note_stage bench skipped 0 "$note"
 fi
+
+# ------------------------------------------------------------------ 4. probes
+for pr in "${probes[@]}"; do
+    if [ $BUILD_OK = 0 ]; then
+        note_stage "$pr" skipped 0 "the build failed or did not run"
+    else
+        run_stage "$pr" "$(left)" "$WORK/probe-$pr.log" env OUT="$WORK/probes" "bench/probes/$pr.sh" build
+        note_stage "$pr" "$STAGE_STATUS" "$STAGE_SECS" ""
+    fi
+done
 
 # ------------------------------------------------------------------ report
 {
@@ -253,6 +281,12 @@ fi
     else
         echo "no benchmark summary"
     fi
+    for pr in "${probes[@]}"; do
+        if [ -f "$WORK/probes/$pr.txt" ]; then
+            echo "probe $pr:"
+            cat "$WORK/probes/$pr.txt"
+        fi
+    done
     echo "total $(elapsed)s of a ${BUDGET}s budget"
 } >"$REPORT"
 
