@@ -4,7 +4,8 @@
 // median time in the synchronize (a staged H2D copy returns once its source is read; its last
 // DMAs finish in the synchronize).  PINNED=1: cudaMallocHost buffers (the ceiling).  HUGE=1:
 // each pageable buffer asks for transparent huge pages (MADV_HUGEPAGE) before it is filled, so
-// that a staged copy's CPU side walks 2 MiB pages instead of 4 KiB ones.
+// that a staged copy's CPU side walks 2 MiB pages instead of 4 KiB ones.  SYNC=1: cudaMemcpy
+// instead (the staging benchmark's kind of call), the synchronize then finds nothing to wait for.
 //   nvcc -O2 -o oneshot_copies bench/probes/oneshot_copies.cu
 //   ./oneshot_copies h2d|d2h SIZE_MIB...        (with and without LD_PRELOAD=libpinshim.so)
 #include <cuda_runtime.h>
@@ -22,6 +23,7 @@ int main(int argc, char **argv)
 {
     int pinned = getenv("PINNED") && atoi(getenv("PINNED"));
     int huge = getenv("HUGE") && atoi(getenv("HUGE"));
+    int sync_call = getenv("SYNC") && atoi(getenv("SYNC"));
     const char *dirs = argc > 1 ? argv[1] : "h2d";
     int d2h = !strcmp(dirs, "d2h");
     cudaFree(0);
@@ -48,8 +50,9 @@ int main(int argc, char **argv)
         double T0 = now();
         for (int i = 0; i < n; i++) {
             double t0 = now();
-            cudaError_t e = cudaMemcpyAsync(d2h ? (void *)h[i] : (void *)d, d2h ? (void *)d : (void *)h[i], S,
-                                            d2h ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, 0);
+            void *dst = d2h ? (void *)h[i] : (void *)d, *src = d2h ? (void *)d : (void *)h[i];
+            cudaMemcpyKind kind = d2h ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+            cudaError_t e = sync_call ? cudaMemcpy(dst, src, S, kind) : cudaMemcpyAsync(dst, src, S, kind, 0);
             double t1 = now();
             cudaStreamSynchronize(0);
             double t2 = now();
@@ -58,8 +61,8 @@ int main(int argc, char **argv)
         }
         double T = now() - T0;
         std::sort(call.begin(), call.end()); std::sort(sync.begin(), sync.end());
-        printf("%s%s %s %6.1f MiB x%2d: %6.2f GB/s  call med %8.1f us  sync med %8.1f us  (per copy %8.1f us)\n",
-               pinned ? "pinned" : "pageable", huge && !pinned ? "-huge" : "", d2h ? "D2H" : "H2D", S / 1048576.0, n, (double)S * n / T / 1e9,
+        printf("%s%s%s %s %6.1f MiB x%2d: %6.2f GB/s  call med %8.1f us  sync med %8.1f us  (per copy %8.1f us)\n",
+               pinned ? "pinned" : "pageable", huge && !pinned ? "-huge" : "", sync_call ? "-sync" : "", d2h ? "D2H" : "H2D", S / 1048576.0, n, (double)S * n / T / 1e9,
                call[n / 2] * 1e6, sync[n / 2] * 1e6, T / n * 1e6);
         for (int i = 0; i <= n; i++) { if (pinned) cudaFreeHost(h[i]); else free(h[i]); }
         cudaFree(d);
