@@ -6,6 +6,7 @@
 // each pageable buffer asks for transparent huge pages (MADV_HUGEPAGE) before it is filled, so
 // that a staged copy's CPU side walks 2 MiB pages instead of 4 KiB ones.  SYNC=1: cudaMemcpy
 // instead (the staging benchmark's kind of call), the synchronize then finds nothing to wait for.
+// REUSE=1: every copy of a size uses the same buffer, as the staging benchmark does.
 //   nvcc -O2 -o oneshot_copies bench/probes/oneshot_copies.cu
 //   ./oneshot_copies h2d|d2h SIZE_MIB...        (with and without LD_PRELOAD=libpinshim.so)
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@ int main(int argc, char **argv)
     int pinned = getenv("PINNED") && atoi(getenv("PINNED"));
     int huge = getenv("HUGE") && atoi(getenv("HUGE"));
     int sync_call = getenv("SYNC") && atoi(getenv("SYNC"));
+    int reuse = getenv("REUSE") && atoi(getenv("REUSE"));
     const char *dirs = argc > 1 ? argv[1] : "h2d";
     int d2h = !strcmp(dirs, "d2h");
     cudaFree(0);
@@ -50,7 +52,8 @@ int main(int argc, char **argv)
         double T0 = now();
         for (int i = 0; i < n; i++) {
             double t0 = now();
-            void *dst = d2h ? (void *)h[i] : (void *)d, *src = d2h ? (void *)d : (void *)h[i];
+            char *hb = h[reuse ? 0 : i];
+            void *dst = d2h ? (void *)hb : (void *)d, *src = d2h ? (void *)d : (void *)hb;
             cudaMemcpyKind kind = d2h ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
             cudaError_t e = sync_call ? cudaMemcpy(dst, src, S, kind) : cudaMemcpyAsync(dst, src, S, kind, 0);
             double t1 = now();
@@ -61,8 +64,8 @@ int main(int argc, char **argv)
         }
         double T = now() - T0;
         std::sort(call.begin(), call.end()); std::sort(sync.begin(), sync.end());
-        printf("%s%s%s %s %6.1f MiB x%2d: %6.2f GB/s  call med %8.1f us  sync med %8.1f us  (per copy %8.1f us)\n",
-               pinned ? "pinned" : "pageable", huge && !pinned ? "-huge" : "", sync_call ? "-sync" : "", d2h ? "D2H" : "H2D", S / 1048576.0, n, (double)S * n / T / 1e9,
+        printf("%s%s%s%s %s %6.1f MiB x%2d: %6.2f GB/s  call med %8.1f us  sync med %8.1f us  (per copy %8.1f us)\n",
+               pinned ? "pinned" : "pageable", huge && !pinned ? "-huge" : "", sync_call ? "-sync" : "", reuse ? "-reuse" : "", d2h ? "D2H" : "H2D", S / 1048576.0, n, (double)S * n / T / 1e9,
                call[n / 2] * 1e6, sync[n / 2] * 1e6, T / n * 1e6);
         for (int i = 0; i <= n; i++) { if (pinned) cudaFreeHost(h[i]); else free(h[i]); }
         cudaFree(d);

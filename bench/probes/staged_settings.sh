@@ -4,8 +4,9 @@
 # and 256 MiB each way: pinned without the shim (the ceiling), pageable without it, then under
 # the shim with its defaults and with one staging setting changed at a time, with buffers on
 # transparent huge pages, and with cudaMemcpy calls instead of cudaMemcpyAsync on the legacy
-# stream (the staging benchmark's kind, which reached 47 GB/s D2H where one-shot async copies
-# reached 22-26).  Then one traced run per direction under the defaults, whose staged
+# stream, and with every copy of a size from one buffer (the staging benchmark's kinds of call
+# and buffer: it reached 47 GB/s D2H where one-shot async copies reached 22-26; a budget of
+# 50 MiB holds the staging buffers' 48 and keeps the buffer from being registered).  Then one traced run per direction under the defaults, whose staged
 # lines say where each copy's time went: copying on the CPU, waiting for DMAs, and the time
 # until its first piece went to the copy threads.
 #
@@ -39,6 +40,8 @@ VARIANTS=(
     "shim|SHIM"
     "huge_pages|SHIM HUGE=1"
     "sync_calls|SHIM SYNC=1"
+    "one_buffer|SHIM REUSE=1 PINSHIM_BUDGET=50M"
+    "one_buffer_sync|SHIM REUSE=1 SYNC=1 PINSHIM_BUDGET=50M"
     "no_streaming_stores|SHIM PINSHIM_STREAMING_STORES=0"
     "no_taper|SHIM PINSHIM_STAGING_TAPER=0"
     "threads_4|SHIM PINSHIM_COPY_THREADS=4"
