@@ -138,12 +138,14 @@ chosen=() dropped=()
 planned=0
 # The probes first: asked for by name, they are what the call is for.
 probes=()
+probes_planned=0
 for pr in "${PROBES[@]}"; do
     if [ ! -x "$ROOT/bench/probes/$pr.sh" ] || [ -z "${EST_FULL[$pr]+x}" ]; then
         dropped+=("$pr (no such probe)")
     elif [ $((planned + $(est "$pr"))) -le "$avail" ]; then
         probes+=("$pr")
         planned=$((planned + $(est "$pr")))
+        probes_planned=$((probes_planned + $(est "$pr")))
     else
         dropped+=("$pr (estimate $(est "$pr")s)")
     fi
@@ -217,7 +219,7 @@ if [ $BUILD_OK = 0 ] && [ ${#chosen[@]} -gt 0 ]; then
     note_stage bench skipped 0 "the build failed or did not run"
 elif [ ${#chosen[@]} -gt 0 ]; then
     only=$(IFS=,; echo "${chosen[*]}")
-    lim=$(left)
+    lim=$(($(left) - probes_planned))   # the probes' time is theirs
     per_run=$((lim < 600 ? lim : 600))
     quick_env=()
     [ "$QUICK" = 1 ] && quick_env=(BENCH_QUICK=1)
@@ -229,7 +231,7 @@ elif [ ${#chosen[@]} -gt 0 ]; then
         # Stopped early: what finished is in raw/.
         python3 bench/summarize.py "$WORK/bench" >>"$WORK/bench.log" 2>&1
     fi
-    note="groups $only (planned ${planned}s)"
+    note="groups $only (planned $((planned - probes_planned))s)"
     [ ${#dropped[@]} -gt 0 ] && note="$note; NOT RUN: ${dropped[*]}"
     note_stage bench "$STAGE_STATUS" "$STAGE_SECS" "$note"
 else
