@@ -374,6 +374,16 @@ def shim_effect_rows(d, merge):
     return rows
 
 
+def trace_events(path):
+    """The events of a PINSHIM_TRACE file, one per line of at least the five header fields: its
+    duration in microseconds as written (text), its event name, and its key=value fields."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 5:
+                yield parts[1], parts[4], dict(kv.split("=", 1) for kv in parts[5:] if "=" in kv)
+
+
 def trace_rows(raw):
     """Rows of every raw/*.trace (PINSHIM_TRACE runs): per event kind, and per copy direction, path
     and why, the count, bytes and summed duration, so a traced run's time is read by kind."""
@@ -384,36 +394,30 @@ def trace_rows(raw):
         groups = {}
         splits = {}   # staged copies: their CPU time, DMA waits and first pieces' latency, in us
         try:
-            with open(os.path.join(raw, name), encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) < 5:
-                        continue
-                    fields = dict(kv.split("=", 1) for kv in parts[5:] if "=" in kv)
-                    ev = parts[4]
-                    if ev == "copy":
-                        key = f"copy {fields.get('dir', '?')} {fields.get('path', '?')} why={fields.get('why', '?')}"
-                    elif ev in ("memcpy", "memmove"):
-                        key = f"{ev} " + ("shared" if fields.get("shared") == "1" else f"why={fields.get('why', '?')}")
-                    elif ev in ("heap_alloc", "heap_free"):
-                        key = ev + (f" reused={fields.get('reused')}" if ev == "heap_alloc" else f" kept={fields.get('kept')}")
-                    elif ev == "staged":
-                        key = f"staged {fields.get('dir', '?')}"
-                        split = splits.setdefault(key, [0, 0, 0])
-                        for i, k in enumerate(("cpu_us", "dma_wait_us", "first_us")):
-                            try:
-                                split[i] += int(fields.get(k, 0))
-                            except ValueError:
-                                pass
-                    else:
-                        key = ev
-                    g = groups.setdefault(key, [0, 0, 0.0])
-                    g[0] += 1
-                    try:
-                        g[1] += int(fields.get("bytes", fields.get("mapping", 0)))
-                        g[2] += float(parts[1]) / 1e6
-                    except ValueError:
-                        pass
+            for dur, ev, fields in trace_events(os.path.join(raw, name)):
+                if ev == "copy":
+                    key = f"copy {fields.get('dir', '?')} {fields.get('path', '?')} why={fields.get('why', '?')}"
+                elif ev in ("memcpy", "memmove"):
+                    key = f"{ev} " + ("shared" if fields.get("shared") == "1" else f"why={fields.get('why', '?')}")
+                elif ev in ("heap_alloc", "heap_free"):
+                    key = ev + (f" reused={fields.get('reused')}" if ev == "heap_alloc" else f" kept={fields.get('kept')}")
+                elif ev == "staged":
+                    key = f"staged {fields.get('dir', '?')}"
+                    split = splits.setdefault(key, [0, 0, 0])
+                    for i, k in enumerate(("cpu_us", "dma_wait_us", "first_us")):
+                        try:
+                            split[i] += int(fields.get(k, 0))
+                        except ValueError:
+                            pass
+                else:
+                    key = ev
+                g = groups.setdefault(key, [0, 0, 0.0])
+                g[0] += 1
+                try:
+                    g[1] += int(fields.get("bytes", fields.get("mapping", 0)))
+                    g[2] += float(dur) / 1e6
+                except ValueError:
+                    pass
         except OSError:
             continue
         for key in sorted(groups, key=lambda k: -groups[k][2]):

@@ -71,9 +71,12 @@ for dir in h2d d2h; do
     run "traced" "$dir" SHIM PINSHIM_TRACE="$DIR/traced-$dir.trace"
 done
 
-python3 - "$DIR" "${VARIANTS[@]}" <<'PY' | tee "$OUT/staged_settings.txt"
+python3 - "$ROOT/bench" "$DIR" "${VARIANTS[@]}" <<'PY' | tee "$OUT/staged_settings.txt"
 import os, re, sys
-d, variants = sys.argv[1], [v.split("|", 1)[0] for v in sys.argv[2:]]
+sys.dont_write_bytecode = True   # no __pycache__ beside the benchmark scripts
+sys.path.insert(0, sys.argv[1])
+from summarize import trace_events   # the trace's line format, read in one place
+d, variants = sys.argv[2], [v.split("|", 1)[0] for v in sys.argv[3:]]
 line = re.compile(r"^\S+ (H2D|D2H) +([\d.]+) MiB x *\d+: +([\d.]+) GB/s")
 for dir in ("h2d", "d2h"):
     rates, sizes = {}, []
@@ -102,16 +105,14 @@ for dir in ("h2d", "d2h"):
     # The traced run: each staged copy's split, summed per size.
     per = {}
     try:
-        for l in open(os.path.join(d, f"traced-{dir}.trace"), errors="replace"):
-            parts = l.split()
-            if len(parts) < 5 or parts[4] != "staged":
+        for dur, ev, f in trace_events(os.path.join(d, f"traced-{dir}.trace")):
+            if ev != "staged":
                 continue
-            f = dict(kv.split("=", 1) for kv in parts[5:] if "=" in kv)
             try:
                 b = int(f["bytes"])
                 row = per.setdefault(b, [0, 0, 0, 0, 0, 0, 0])
                 row[0] += 1
-                row[1] += float(parts[1]) * 1000   # the line's duration, us
+                row[1] += float(dur) * 1000   # the line's duration, written in us: ns
                 for i, k in enumerate(("cpu_us", "dma_wait_us", "first_us", "order_wait_us", "pieces")):
                     row[2 + i] += int(f.get(k, 0))
             except (KeyError, ValueError):
