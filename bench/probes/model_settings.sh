@@ -12,14 +12,9 @@
 # Environment: OUT (default BUILD/probes), MODEL_REPS, MODEL_VARIANTS (the variants, one per
 # line, "name|ENV..."; default: the list below), MODEL_ARGS (more model_bench.py arguments).
 set -u
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=$(cd "${1:-$ROOT/build}" && pwd) || exit 2
-LIB=$BUILD/libpinshim.so
-OUT=${OUT:-$BUILD/probes}
-DIR=$OUT/model_settings
-mkdir -p "$DIR" || exit 2
+# shellcheck source=bench/probes/probe_setup.sh
+. "$(dirname "$0")/probe_setup.sh" "${1:-}"   # ROOT BUILD LIB OUT DIR
 REPS=${MODEL_REPS:-2}
-[ -f "$LIB" ] || { echo "model_settings: $LIB is missing (make all)" >&2; exit 2; }
 
 VARIANTS=(
     "pageable|NOSHIM"

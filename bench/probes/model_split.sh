@@ -13,13 +13,8 @@
 # $OUT/model_split.txt, every run's output under $OUT/model_split/.  About 150 s.
 # Environment: OUT (default BUILD/probes), CUDA_INC (/usr/local/cuda/include).
 set -u
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=$(cd "${1:-$ROOT/build}" && pwd) || exit 2
-LIB=$BUILD/libpinshim.so
-OUT=${OUT:-$BUILD/probes}
-DIR=$OUT/model_split
-mkdir -p "$DIR" || exit 2
-[ -f "$LIB" ] || { echo "model_split: $LIB is missing (make all)" >&2; exit 2; }
+# shellcheck source=bench/probes/probe_setup.sh
+. "$(dirname "$0")/probe_setup.sh" "${1:-}"   # ROOT BUILD LIB OUT DIR
 
 run() {   # run NAME SHIM(0|1) COMMAND...: one run, its output in $DIR/NAME.txt
     local name=$1 shim=$2; shift 2

@@ -16,14 +16,9 @@
 # Environment: OUT (default BUILD/probes), NVCC, BENCH_ARCH (sm_90), STAGED_SIZES (MiB, "4 16 64
 # 256"), ONESHOT (a built oneshot_copies: skips the build).
 set -u
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=$(cd "${1:-$ROOT/build}" && pwd) || exit 2
-LIB=$BUILD/libpinshim.so
-OUT=${OUT:-$BUILD/probes}
-DIR=$OUT/staged_settings
-mkdir -p "$DIR" || exit 2
+# shellcheck source=bench/probes/probe_setup.sh
+. "$(dirname "$0")/probe_setup.sh" "${1:-}"   # ROOT BUILD LIB OUT DIR
 SIZES=${STAGED_SIZES:-4 16 64 256}
-[ -f "$LIB" ] || { echo "staged_settings: $LIB is missing (make all)" >&2; exit 2; }
 
 BIN=${ONESHOT:-}
 if [ -z "$BIN" ]; then
