@@ -159,4 +159,52 @@ static inline void drvtest_wait_registrations_settled(void)
     }
 }
 
+/* The lines of /proc/self/maps: the process's mappings (-1 when it cannot be read). */
+static inline int drvtest_count_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return -1;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+/* The process's threads, from /proc/self/status (-1 when it cannot be read). */
+static inline int drvtest_count_threads(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int n = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    fclose(f);
+    return n;
+}
+
+/* The shim starts work of its own behind the program's first calls (full mode: the staging
+ * buffers, registered by a builder thread that then starts the copy threads, on the first
+ * device allocation).  A test that counts the process's mappings around calls of its own
+ * waits for that first: until the driver's registered bytes, the thread count and the mapping
+ * count have not changed for 200 ms (at most ten seconds). */
+static inline void drvtest_wait_shim_settled(void)
+{
+    size_t bytes = fakecuda_registered_bytes();
+    int threads = drvtest_count_threads(), maps = drvtest_count_mappings();
+    for (int i = 0, still = 0; i < 2000 && still < 40; i++) {
+        drvtest_sleep_ms(5);
+        size_t b = fakecuda_registered_bytes();
+        int t = drvtest_count_threads(), m = drvtest_count_mappings();
+        still = b == bytes && t == threads && m == maps ? still + 1 : 0;
+        bytes = b;
+        threads = t;
+        maps = m;
+    }
+}
+
 #endif
