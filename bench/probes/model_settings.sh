@@ -27,20 +27,19 @@ if [ -n "${MODEL_VARIANTS:-}" ]; then
     mapfile -t VARIANTS < <(printf '%s\n' "$MODEL_VARIANTS" | grep -v '^[[:space:]]*$')
 fi
 
-run() {   # run NAME REP ENV...: one model_bench.py run, its output in $DIR/NAME.REP.txt
+run() {   # run NAME REP WORD...: one model_bench.py run, its output in $DIR/NAME.REP.txt
     local name=$1 rep=$2; shift 2
-    local envs=() e lib=$LIB shim=1
+    local words=() e shim=SHIM   # under the shim unless NOSHIM, or LIB= names another build
     for e in "$@"; do
         case $e in
-            NOSHIM) shim=0 ;;
-            LIB=*) lib=${e#LIB=} ;;
-            *) envs+=("$e") ;;
+            NOSHIM) shim= ;;
+            LIB=*) shim=; words+=("$e") ;;
+            *) words+=("$e") ;;
         esac
     done
-    [ "$shim" = 1 ] && envs+=(LD_PRELOAD="$lib" PINSHIM_MODE=full)
     # shellcheck disable=SC2086
-    timeout 300 env "${envs[@]}" python3 "$ROOT/bench/model_bench.py" ${MODEL_ARGS:-} \
-        >"$DIR/$name.$rep.txt" 2>&1 || echo "run failed: exit $?" >>"$DIR/$name.$rep.txt"
+    probe_run 300 "$DIR/$name.$rep.txt" ${shim:+"$shim"} "${words[@]}" -- \
+        python3 "$ROOT/bench/model_bench.py" ${MODEL_ARGS:-}
 }
 
 for ((rep = 1; rep <= REPS; rep++)); do

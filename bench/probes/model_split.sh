@@ -16,28 +16,26 @@ set -u
 # shellcheck source=bench/probes/probe_setup.sh
 . "$(dirname "$0")/probe_setup.sh" "${1:-}"   # ROOT BUILD LIB OUT DIR
 
-run() {   # run NAME SHIM(0|1) COMMAND...: one run, its output in $DIR/NAME.txt
-    local name=$1 shim=$2; shift 2
-    local envs=()
-    [ "$shim" = 1 ] && envs=(LD_PRELOAD="$LIB" PINSHIM_MODE=full)
-    timeout 120 env "${envs[@]}" "$@" >"$DIR/$name.txt" 2>&1 || echo "run failed: exit $?" >>"$DIR/$name.txt"
+run() {   # run NAME WORD... -- COMMAND...: one run, its output in $DIR/NAME.txt
+    local name=$1; shift
+    probe_run 120 "$DIR/$name.txt" "$@"
 }
 
 MT=$ROOT/bench/probes/model_tensors.py
 for words in "" "free" "fresh_device" "free fresh_device"; do
     tag=${words// /+}
     # shellcheck disable=SC2086
-    run "shim${tag:+-$tag}" 1 python3 "$MT" shim $words
+    run "shim${tag:+-$tag}" SHIM -- python3 "$MT" shim $words
 done
-run "pinned" 0 python3 "$MT" pinned
-run "pinned-free+fresh_device" 0 python3 "$MT" pinned free fresh_device
-run "model_bench-shim" 1 python3 "$ROOT/bench/model_bench.py" --checkpoints 1
+run "pinned" -- python3 "$MT" pinned
+run "pinned-free+fresh_device" -- python3 "$MT" pinned free fresh_device
+run "model_bench-shim" SHIM -- python3 "$ROOT/bench/model_bench.py" --checkpoints 1
 FAC=$BUILD/free_after_copy
 if cc -O2 -I"${CUDA_INC:-/usr/local/cuda/include}" -o "$FAC" "$ROOT/bench/probes/free_after_copy.c" -lcuda \
         >"$DIR/free_after_copy-build.txt" 2>&1; then
     for e in 0 1; do
-        run "free_after_copy-shim-each$e" 1 env FREE_EACH=$e "$FAC"
-        run "free_after_copy-plain-each$e" 0 env FREE_EACH=$e "$FAC"
+        run "free_after_copy-shim-each$e" SHIM FREE_EACH=$e -- "$FAC"
+        run "free_after_copy-plain-each$e" FREE_EACH=$e -- "$FAC"
     done
 fi
 

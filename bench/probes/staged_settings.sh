@@ -46,15 +46,10 @@ VARIANTS=(
     "chunk_64M|SHIM PINSHIM_STAGING_CHUNK=64M"
 )
 
-run() {   # run NAME DIRECTION ENV...: one program run, its output in $DIR/NAME-DIRECTION.txt
+run() {   # run NAME DIRECTION WORD...: one program run, its output in $DIR/NAME-DIRECTION.txt
     local name=$1 dir=$2; shift 2
-    local envs=() e
-    for e in "$@"; do
-        if [ "$e" = SHIM ]; then envs+=(LD_PRELOAD="$LIB" PINSHIM_MODE=full); else envs+=("$e"); fi
-    done
     # shellcheck disable=SC2086
-    timeout 300 env "${envs[@]}" "$BIN" "$dir" $SIZES >"$DIR/$name-$dir.txt" 2>&1 ||
-        echo "run failed: exit $?" >>"$DIR/$name-$dir.txt"
+    probe_run 300 "$DIR/$name-$dir.txt" "$@" -- "$BIN" "$dir" $SIZES
 }
 
 for dir in h2d d2h; do
