@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # model_split.sh [BUILD]: where model.to("cuda") under the shim loses to the same move made
 # tensor by tensor.  model_tensors.py's per-tensor move reached 29.9 GB/s under the shim where
-# model_bench.py's model.to reached 16.7-20.6 on the same machine (run 50); pinned, the two are
-# close.  The per-tensor move differs from model.to in two ways, each a word of model_tensors.py:
+# model_bench.py's model.to reached 16.7-20.6 on the same machine (bench/RESULTS.md, run 50);
+# pinned, the two are close.  The per-tensor move differs from model.to in two ways, each a word of model_tensors.py:
 # "free" (each tensor's CPU memory freed during the move, the frees timed apart) and
 # "fresh_device" (the device memory allocated during the move).  This runs the move with
 # neither, each and both, under the shim and pinned without it, then model_bench.py's model.to
