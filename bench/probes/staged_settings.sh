@@ -14,7 +14,8 @@
 # size) and the traced split, and writes them to $OUT/staged_settings.txt with every run's
 # output under $OUT/staged_settings/.  About 90 s on an H100 or H200 host.
 # Environment: OUT (default BUILD/probes), NVCC, BENCH_ARCH (sm_90), STAGED_SIZES (MiB, "4 16 64
-# 256"), ONESHOT (a built oneshot_copies: skips the build).
+# 256"), ONESHOT (a built oneshot_copies: skips the build), STAGED_VARIANTS (the variants, one
+# per line, "name|WORDS" as below, LIB=PATH for another build; the ratios need one named shim).
 set -u
 # shellcheck source=bench/probes/probe_setup.sh
 . "$(dirname "$0")/probe_setup.sh" "${1:-}"   # ROOT BUILD LIB OUT DIR
@@ -45,6 +46,9 @@ VARIANTS=(
     "chunk_4M|SHIM PINSHIM_STAGING_CHUNK=4M"
     "chunk_64M|SHIM PINSHIM_STAGING_CHUNK=64M"
 )
+if [ -n "${STAGED_VARIANTS:-}" ]; then
+    mapfile -t VARIANTS < <(printf '%s\n' "$STAGED_VARIANTS" | grep -v '^[[:space:]]*$')
+fi
 
 run() {   # run NAME DIRECTION WORD...: one program run, its output in $DIR/NAME-DIRECTION.txt
     local name=$1 dir=$2; shift 2

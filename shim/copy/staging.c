@@ -39,6 +39,15 @@
 #define MAX_LANES 8
 #define LANES_PER_CTX 2          /* e.g. one thread's H2D while another's D2H */
 #define MAX_BUFFERS 8            /* PINSHIM_STAGING_BUFFERS' own upper bound */
+/* A D2H copy whose pieces fit in half a buffer (a copy of up to two buffers' size) cycles
+ * through the buffers' halves: a D2H slot takes its next DMA only once its piece is copied out,
+ * and with three slots the copy engine waited between pieces (staged D2H of 16 MiB: 21.7-25.1
+ * GB/s with three buffers, 24.3-26.9 with six, H100 hosts, bench/RESULTS.md runs 48 and 51).
+ * Halves give it six slots in the same pinned memory.  Larger copies keep whole buffers: how
+ * pieces of half the size would do there is not measured (a quarter of the size halved the
+ * rate: PINSHIM_STAGING_CHUNK=4M). */
+#define D2H_SPLIT 2
+#define MAX_SLOTS (MAX_BUFFERS * D2H_SPLIT)
 
 /* ---------------------------------------------------------------- lanes */
 
@@ -51,8 +60,15 @@ struct lane {
     char *mem;                   /* nbuf buffers of chunk bytes, one mapping, one registration */
     size_t chunk, len;
     unsigned nbuf;
-    CUevent ev[MAX_BUFFERS];     /* last DMA that used each buffer */
-    int pending[MAX_BUFFERS];    /* ev[b] recorded and not yet waited for */
+    unsigned nev;                /* events made: one per slot of the finest layout */
+    /* The layout the last copy used: nslot slots of slot bytes, the buffers themselves or
+     * their halves (D2H_SPLIT).  A copy of the other layout waits for the DMAs still using the
+     * old slots before it cuts them anew (only an H2D copy leaves any). */
+    int halves;
+    unsigned nslot;
+    size_t slot;
+    CUevent ev[MAX_SLOTS];       /* last DMA that used each slot */
+    int pending[MAX_SLOTS];      /* ev[i] recorded and not yet waited for */
 };
 
 static pthread_mutex_t lanes_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -76,9 +92,9 @@ static unsigned lane_nbuf(void)
 
 /* Release everything a lane holds; its context is current.  The last DMAs of an H2D copy may
  * still be reading its buffers: they are waited for first. */
-static void lane_destroy(struct lane *l, int registered, unsigned nev)
+static void lane_destroy(struct lane *l, int registered)
 {
-    for (unsigned i = 0; i < nev; i++) {
+    for (unsigned i = 0; i < l->nev; i++) {
         if (l->pending[i])
             drv.cuEventSynchronize(l->ev[i]);
         l->pending[i] = 0;
@@ -92,6 +108,30 @@ static void lane_destroy(struct lane *l, int registered, unsigned nev)
     os_unmap(l->mem, l->len);
     registry_unreserve(l->len);
     l->mem = NULL;
+    l->nev = 0;
+}
+
+/* Cut lane l's memory into slots for the next copy: its buffers' halves, or the buffers (see
+ * struct lane). */
+static void lane_layout(struct lane *l, int halves)
+{
+    size_t half = page_down(l->chunk / D2H_SPLIT);
+    halves = halves && half && l->nev >= l->nbuf * D2H_SPLIT;
+    if (l->nslot && l->halves == halves)
+        return;
+    for (unsigned i = 0; i < l->nev; i++) {
+        if (l->pending[i])
+            drv.cuEventSynchronize(l->ev[i]);   /* an error shows in the copy's own calls */
+        l->pending[i] = 0;
+    }
+    l->halves = halves;
+    if (halves) {
+        l->nslot = l->nbuf * D2H_SPLIT;
+        l->slot = half;
+    } else {
+        l->nslot = l->nbuf;
+        l->slot = l->chunk;
+    }
 }
 
 /* Build lane l in the current context ctx; l is BUILDING and ours.  0 on success. */
@@ -100,6 +140,8 @@ static int lane_build(struct lane *l, CUcontext ctx)
     l->chunk = lane_chunk();
     l->nbuf = lane_nbuf();
     l->len = l->chunk * l->nbuf;
+    l->nev = 0;
+    l->nslot = 0;   /* cut by the first copy (lane_layout) */
     l->ctx = ctx;
     memset(l->pending, 0, sizeof l->pending);
     /* The budget first: staging memory counts like any registration (this may evict). */
@@ -134,14 +176,15 @@ static int lane_build(struct lane *l, CUcontext ctx)
             __atomic_store_n(&register_unusable, 1, __ATOMIC_RELAXED);
         shim_log_once(LOG_INFO, "could not register staging buffers (error %d): large pageable "
                                 "copies take the driver's own path", (int)r);
-        lane_destroy(l, 0, 0);
+        lane_destroy(l, 0);
         return -1;
     }
-    for (unsigned i = 0; i < l->nbuf; i++) {
+    for (unsigned i = 0; i < l->nbuf * D2H_SPLIT; i++) {
         if (drv.cuEventCreate(&l->ev[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-            lane_destroy(l, 1, i);
+            lane_destroy(l, 1);
             return -1;
         }
+        l->nev = i + 1;
     }
     return 0;
 }
@@ -170,7 +213,7 @@ static struct lane *lane_acquire(CUcontext ctx)
         pthread_mutex_unlock(&lanes_mu);
         /* Settings changed since it was built (tests do this): rebuild it to the new shape. */
         if (found->chunk != lane_chunk() || found->nbuf != lane_nbuf()) {
-            lane_destroy(found, 1, found->nbuf);
+            lane_destroy(found, 1);
             if (lane_build(found, ctx) != 0) {
                 pthread_mutex_lock(&lanes_mu);
                 found->state = LANE_EMPTY;
@@ -489,7 +532,7 @@ static CUresult buffer_free(struct lane *l, unsigned b, struct pipe_times *pt)
 static void lane_drain(struct lane *l, CUstream s)
 {
     if (drv.cuStreamSynchronize(s) != CUDA_SUCCESS)
-        for (unsigned b = 0; b < l->nbuf; b++)
+        for (unsigned b = 0; b < l->nev; b++)
             if (l->pending[b])
                 drv.cuEventSynchronize(l->ev[b]);
     memset(l->pending, 0, sizeof l->pending);
@@ -512,7 +555,7 @@ static void piece_post(struct posted_piece *pp, const struct stage_req *req, str
     pp->posted = shim_ticks();
     if (!pt->first_post)
         pt->first_post = pp->posted;
-    char *buf = l->mem + (size_t)b * l->chunk;
+    char *buf = l->mem + (size_t)b * l->slot;
     if (req->dir == DIR_H2D)
         cpupool_copy_post(&pp->job, buf, p->ncols, piece_host(req, p), req->host_pitch, p->ncols,
                           p->nrows, flags);
@@ -533,11 +576,12 @@ static void piece_wait(struct posted_piece *pp, struct pipe_times *pt)
     pt->pieces++;
 }
 
-/* H2D: piece i goes through buffer i % nbuf.  The next piece's CPU copy is posted before the
- * current one is waited for, so that the copy threads go on to it while this thread issues the
- * current piece's DMA; each DMA overlaps the CPU copies after it.  Returns once every byte of the
- * source is in a buffer and its DMA issued: the source is the program's again; the DMAs finish
- * on the shim's stream (the caller orders the program's later work after them). */
+/* H2D: piece i goes through slot i % nslot (the buffers themselves).  The next piece's CPU copy
+ * is posted before the current one is waited for, so that the copy threads go on to it while
+ * this thread issues the current piece's DMA; each DMA overlaps the CPU copies after it.
+ * Returns once every byte of the source is in a buffer and its DMA issued: the source is the
+ * program's again; the DMAs finish on the shim's stream (the caller orders the program's later
+ * work after them). */
 static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, size_t piece, CUresult *result,
                    struct pipe_times *pt)
 {
@@ -555,7 +599,7 @@ static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, size
     for (;;) {
         int more = cursor_next(&c, &p);
         if (more) {
-            unsigned b = (seq + (unsigned)have_cur) % l->nbuf;
+            unsigned b = (seq + (unsigned)have_cur) % l->nslot;
             if ((r = buffer_free(l, b, pt)) != CUDA_SUCCESS)
                 goto fail;
             piece_post(&next, req, l, &p, b, flags, pt);
@@ -564,7 +608,7 @@ static int run_h2d(const struct stage_req *req, struct lane *l, CUstream s, size
             piece_wait(&cur, pt);
             if (flush)
                 stats_add(STAT_STAGING_FLUSHED_BYTES, cur.p.ncols * cur.p.nrows);
-            if ((r = piece_dma(req, &cur.p, l->mem + (size_t)cur.buf * l->chunk, s)) != CUDA_SUCCESS)
+            if ((r = piece_dma(req, &cur.p, l->mem + (size_t)cur.buf * l->slot, s)) != CUDA_SUCCESS)
                 goto fail;
             seq++;
             if ((r = drv.cuEventRecord(l->ev[cur.buf], s)) != CUDA_SUCCESS)
@@ -616,7 +660,7 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
                    struct pipe_times *pt)
 {
     struct cursor c;
-    struct piece inflight[MAX_BUFFERS];
+    struct piece inflight[MAX_SLOTS];
     cursor_init(&c, req->width, req->height, piece);
     CUresult r = CUDA_SUCCESS;
     unsigned issued = 0, posted = 0, finished = 0;   /* DMAs; copies out posted, waited for */
@@ -626,13 +670,13 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
     int more = 1;
     for (;;) {
         /* A buffer takes a DMA once its previous piece is copied out. */
-        while (more && issued - finished < l->nbuf) {
-            unsigned b = issued % l->nbuf;
+        while (more && issued - finished < l->nslot) {
+            unsigned b = issued % l->nslot;
             if ((r = buffer_free(l, b, pt)) != CUDA_SUCCESS)
                 goto fail;
             if (!(more = cursor_next(&c, &inflight[b])))
                 break;
-            if ((r = piece_dma(req, &inflight[b], l->mem + (size_t)b * l->chunk, s)) != CUDA_SUCCESS)
+            if ((r = piece_dma(req, &inflight[b], l->mem + (size_t)b * l->slot, s)) != CUDA_SUCCESS)
                 goto fail;
             issued++;
             if ((r = drv.cuEventRecord(l->ev[b], s)) != CUDA_SUCCESS)
@@ -649,7 +693,7 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
         }
         if (posted == 0)
             prefault_destination(req);   /* once, with the first DMAs under way */
-        unsigned b = posted % l->nbuf;
+        unsigned b = posted % l->nslot;
         if ((r = buffer_free(l, b, pt)) != CUDA_SUCCESS)
             goto fail;
         struct posted_piece next;
@@ -666,6 +710,16 @@ static int run_d2h(const struct stage_req *req, struct lane *l, CUstream s, size
     return RUN_DONE;
 fail:
     cpupool_wait(&out.job);   /* no copy thread writes the program's memory after the return */
+    /* The pieces whose DMAs ended before the failure land, in order up to the first that did
+     * not, as the driver's own path leaves the chunks it copied before an error. */
+    for (; posted < issued; posted++) {
+        unsigned b = posted % l->nslot;
+        if (!l->pending[b] || drv.cuEventSynchronize(l->ev[b]) != CUDA_SUCCESS)
+            break;
+        l->pending[b] = 0;
+        piece_post(&out, req, l, &inflight[b], b, flags, pt);
+        piece_wait(&out, pt);
+    }
     lane_drain(l, s);
     if (issued == 0)
         return RUN_DECLINED;
@@ -817,6 +871,7 @@ int staging_copy(const struct stage_req *req, CUresult *result)
     }
     size_t total = req->width * req->height;
     size_t piece = piece_size(total, l->chunk);
+    lane_layout(l, req->dir == DIR_D2H && piece <= page_down(l->chunk / D2H_SPLIT));
     /* Contiguous on both sides: one long row, cut in full pieces. */
     struct stage_req flat = *req;
     if (flat.height > 1 && flat.host_pitch == flat.width && flat.dev_pitch == flat.width) {
@@ -829,7 +884,7 @@ int staging_copy(const struct stage_req *req, CUresult *result)
      * and the device must get either all the bytes of the call or all the rewritten ones, never
      * a mix: so it is waited for before the first byte is read. */
     uint64_t order_wait = 0;
-    if (flat.dir == DIR_H2D && more_pieces_than(&flat, piece, l->nbuf) &&
+    if (flat.dir == DIR_H2D && more_pieces_than(&flat, piece, l->nslot) &&
         drv.cuEventQuery(ss->order_event) == CUDA_ERROR_NOT_READY) {
         uint64_t w0 = shim_now_ns();
         drv.cuEventSynchronize(ss->order_event);
