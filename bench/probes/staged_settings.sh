@@ -73,12 +73,13 @@ from summarize import trace_events   # the trace's line format, read in one plac
 d, variants = sys.argv[2], [v.split("|", 1)[0] for v in sys.argv[3:]]
 line = re.compile(r"^\S+ (H2D|D2H) +([\d.]+) MiB x *\d+: +([\d.]+) GB/s")
 for dir in ("h2d", "d2h"):
-    rates, sizes = {}, []
+    rates, sizes, bad = {}, [], []
     for v in variants:
         try:
             text = open(os.path.join(d, f"{v}-{dir}.txt"), errors="replace").read()
         except OSError:
             continue
+        bad += [f"**{v} {dir.upper()}: bytes differ** ({l})" for l in text.splitlines() if "MISMATCH" in l]
         for l in text.splitlines():
             m = line.match(l)
             if m:
@@ -96,6 +97,8 @@ for dir in ("h2d", "d2h"):
         top = rates.get((v, sizes[-1])) if sizes else None
         ratio = f"{top / base:.2f}x" if top and base else "-"
         print(f"| {v} | " + " | ".join(cells) + f" | {ratio} |")
+    if bad:
+        print("\n" + "\n".join(bad))
     # The traced run: each staged copy's split, summed per size.
     per = {}
     try:
