@@ -58,13 +58,13 @@ declare -A EST_FULL=(
     [build]=20 [suite]=300
     [malloc]=60 [heap]=45 [sweep]=70 [loop]=45 [latency]=80 [staging]=15 [train]=60 [drv]=15
     [two]=30 [torch]=90 [cupy]=30 [ab]=15 [model]=150 [safetensors]=70 [dataloader]=110
-    [fresh]=90 [two_fresh]=45 [bounce]=60 [jax]=75 [staged_settings]=100 [model_settings]=170 [model_split]=150
+    [fresh]=90 [two_fresh]=45 [bounce]=60 [jax]=75 [staged_settings]=100 [model_settings]=170 [model_split]=170
 )
 declare -A EST_QUICK=(
     [build]=60 [suite]=300
     [malloc]=10 [heap]=8 [sweep]=10 [loop]=5 [latency]=5 [staging]=3 [train]=10 [drv]=3
     [two]=5 [torch]=25 [cupy]=8 [ab]=8 [model]=35 [safetensors]=18 [dataloader]=40
-    [fresh]=5 [two_fresh]=3 [bounce]=3 [jax]=20 [staged_settings]=100 [model_settings]=170 [model_split]=150
+    [fresh]=5 [two_fresh]=3 [bounce]=3 [jax]=20 [staged_settings]=100 [model_settings]=170 [model_split]=170
 )
 # GPU_SESSION_EST="suite=160 latency=70": estimates measured on the machine at hand, in seconds,
 # replace these for this call (the planner keeps the groups' time for them, so a high suite

@@ -7,40 +7,13 @@
 // Driver API only, linked with -lcuda: it runs on a GPU's driver or on the checking fake one.
 //   cc -O2 -I$CUDA_INC -o build/free_after_copy bench/probes/free_after_copy.c -lcuda
 //   FREE_EACH=1 LD_PRELOAD=build/libpinshim.so build/free_after_copy     (and without either)
-#include <cuda.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#define LAYERS 24
-#define TENSORS (LAYERS * 4)
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void check(CUresult r, const char *what)
-{
-    if (r != CUDA_SUCCESS) {
-        printf("error: %s returned %d\n", what, (int)r);
-        exit(1);
-    }
-}
+#include "probe_drv.h"
 
 int main(void)
 {
-    static const size_t per_layer[4] = { 12u << 20, 4u << 20, 16u << 20, 16u << 20 };
     int free_each = getenv("FREE_EACH") && atoi(getenv("FREE_EACH"));
-    CUdevice dev;
-    CUcontext ctx;
-    check(cuInit(0), "cuInit");
-    check(cuDeviceGet(&dev, 0), "cuDeviceGet");
-    check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-    check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    probe_context();
     unsigned char *cpu[TENSORS];
     CUdeviceptr gpu[TENSORS];
     for (int i = 0; i < TENSORS; i++) {

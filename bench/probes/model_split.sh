@@ -6,11 +6,13 @@
 # "free" (each tensor's CPU memory freed during the move, the frees timed apart) and
 # "fresh_device" (the device memory allocated during the move).  This runs the move with
 # neither, each and both, under the shim and pinned without it, then model_bench.py's model.to
-# under the shim, and free_after_copy (the frees of model-sized blocks right after their copies)
-# with and without the shim.
+# under the shim, free_after_copy (the frees of model-sized blocks right after their copies)
+# with and without the shim, and fresh_device (each tensor's copy into device memory allocated
+# before the move or right before the copy, optionally written once first; its steps timed
+# apart) under the shim and from pinned memory without it.
 #
 # Prints a table (the move's GB/s, its time, the frees' time) and writes it to
-# $OUT/model_split.txt, every run's output under $OUT/model_split/.  About 150 s.
+# $OUT/model_split.txt, every run's output under $OUT/model_split/.  About 170 s.
 # Environment: OUT (default BUILD/probes), CUDA_INC (/usr/local/cuda/include).
 set -u
 # shellcheck source=bench/probes/probe_setup.sh
@@ -30,6 +32,17 @@ done
 run "pinned" -- python3 "$MT" pinned
 run "pinned-free+fresh_device" -- python3 "$MT" pinned free fresh_device
 run "model_bench-shim" SHIM -- python3 "$ROOT/bench/model_bench.py" --checkpoints 1
+FD=$BUILD/fresh_device
+if cc -O2 -I"${CUDA_INC:-/usr/local/cuda/include}" -o "$FD" "$ROOT/bench/probes/fresh_device.c" -lcuda \
+        >"$DIR/fresh_device-build.txt" 2>&1; then
+    for e in "FRESH=0" "FRESH=1" "FRESH=1 TOUCH=1"; do
+        tag=${e//FRESH=/fresh}; tag=${tag// TOUCH=1/-touch}
+        # shellcheck disable=SC2086
+        run "fresh_device-shim-$tag" SHIM $e -- "$FD"
+        # shellcheck disable=SC2086
+        run "fresh_device-pinned-$tag" PINNED=1 $e -- "$FD"
+    done
+fi
 FAC=$BUILD/free_after_copy
 if cc -O2 -I"${CUDA_INC:-/usr/local/cuda/include}" -o "$FAC" "$ROOT/bench/probes/free_after_copy.c" -lcuda \
         >"$DIR/free_after_copy-build.txt" 2>&1; then
@@ -60,7 +73,7 @@ for path in sorted(glob.glob(os.path.join(d, "*.txt"))):
             g = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
             print(f"| {name} (model.to) | {float(g.get('gbps', 0)):.1f} | {float(g.get('seconds', 0)) * 1e3:.1f} | - |")
             break
-        if line.startswith("free_each="):
+        if line.startswith("free_each=") or line.startswith("fresh=") or line.startswith("MISMATCH"):
             print(f"| {name} | {line} | | |")
             break
     else:
