@@ -1,9 +1,9 @@
 /* One staging lane used in both directions (copy/staging.c, lane_layout): an H2D copy cycles
- * through the lane's buffers and returns with its last DMAs still reading them; a D2H copy cuts
- * the same memory into halves (a copy of up to two buffers' size).  Thread A's async H2D copy returns with its DMAs queued on its
- * own stream, and thread B's D2H copy at once takes the same lane on another stream: its DMAs
- * must not write the lane's memory before A's have read it (the fake flags a pinned source
- * changed before its DMA read it, and A's bytes would arrive torn).  Then one thread alternates
+ * through the lane's buffers and returns with its last DMAs still reading them; a D2H copy of
+ * up to two buffers' size cuts the same memory into halves.  Thread A's async H2D copy returns
+ * with its DMAs queued on its own stream, and thread B's D2H copy at once takes the same lane
+ * on another stream: its DMAs must not write the lane's memory before A's have read it (the
+ * fake flags a pinned source changed before its DMA read it, and A's bytes would arrive torn).  Then one thread alternates
  * the directions with sizes of one piece to many.  Every byte lands both ways, in every
  * variant; where the shim stages (mode full, its defaults) every copy is staged
  * (EXPECTED_STAGED). */
