@@ -25,6 +25,19 @@ static int tests_failed __attribute__((unused));
         fflush(stdout);                                                     \
     } while (0)
 
+/* The process's mappings: the lines of /proc/self/maps (-1 when it cannot be read). */
+static inline int test_count_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return -1;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
 #define TEST_SUMMARY()                                                      \
     (printf("%d passed, %d failed\n", tests_passed, tests_failed),          \
      tests_failed ? 1 : 0)

@@ -159,19 +159,6 @@ static inline void drvtest_wait_registrations_settled(void)
     }
 }
 
-/* The lines of /proc/self/maps: the process's mappings (-1 when it cannot be read). */
-static inline int drvtest_count_mappings(void)
-{
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f)
-        return -1;
-    int n = 0, c;
-    while ((c = fgetc(f)) != EOF)
-        n += c == '\n';
-    fclose(f);
-    return n;
-}
-
 /* The process's threads, from /proc/self/status (-1 when it cannot be read). */
 static inline int drvtest_count_threads(void)
 {
@@ -195,11 +182,11 @@ static inline int drvtest_count_threads(void)
 static inline void drvtest_wait_shim_settled(void)
 {
     size_t bytes = fakecuda_registered_bytes();
-    int threads = drvtest_count_threads(), maps = drvtest_count_mappings();
+    int threads = drvtest_count_threads(), maps = test_count_mappings();
     for (int i = 0, still = 0; i < 2000 && still < 40; i++) {
         drvtest_sleep_ms(5);
         size_t b = fakecuda_registered_bytes();
-        int t = drvtest_count_threads(), m = drvtest_count_mappings();
+        int t = drvtest_count_threads(), m = test_count_mappings();
         still = b == bytes && t == threads && m == maps ? still + 1 : 0;
         bytes = b;
         threads = t;

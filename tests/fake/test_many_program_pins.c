@@ -74,12 +74,12 @@ int main(void)
      * device allocation above) maps memory and thread stacks when it gets to it: done first,
      * so that what the counts see is what registering does. */
     drvtest_wait_shim_settled();
-    int before = drvtest_count_mappings();
+    int before = test_count_mappings();
     int registered = 0;
     for (int i = 0; i < RANGES; i++)
         registered += cuMemHostRegister(range[i], RANGE_BYTES, 0) == CUDA_SUCCESS;
     CHECKF(registered == RANGES, "%d of %d program registrations succeeded", registered, RANGES);
-    int during = drvtest_count_mappings();
+    int during = test_count_mappings();
     /* The shim's array of 5,000 ranges is one mapping (or none, merged with a neighbour). */
     if (MAPPINGS_COUNT)
         CHECKF(during - before <= 4, "registering added %d mappings (%d -> %d), at most 4", during - before,
@@ -99,7 +99,7 @@ int main(void)
            "the driver holds the program's registrations");
 
     drvtest_wait_shim_settled();   /* the copies may have started threads of the shim's */
-    int mid = drvtest_count_mappings();
+    int mid = test_count_mappings();
     int unregistered = 0;
     for (int i = 0; i < RANGES; i++)
         unregistered += cuMemHostUnregister(range[i]) == CUDA_SUCCESS;
@@ -111,7 +111,7 @@ int main(void)
         else
             free(range[i]);
     }
-    int after = drvtest_count_mappings();
+    int after = test_count_mappings();
     if (MAPPINGS_COUNT)
         CHECKF(after - mid <= 2, "unregistering and freeing added %d mappings (%d -> %d), at most 2",
                after - mid, mid, after);

@@ -29,25 +29,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include "../testutil.h"
 
 static long minor_faults(void)
 {
     struct rusage r;
     getrusage(RUSAGE_SELF, &r);
     return r.ru_minflt;
-}
-
-static long count_mappings(void)
-{
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f)
-        return -1;
-    long n = 0;
-    int c;
-    while ((c = fgetc(f)) != EOF)
-        n += c == '\n';
-    fclose(f);
-    return n;
 }
 
 static uint64_t rng = 88172645463325252ull;
@@ -79,7 +67,7 @@ static int maps_mode(long n, size_t lo, size_t hi)
     for (long i = 0; i < n; i++)
         free(gaps[i]);
     free(gaps);
-    long maps = count_mappings();
+    long maps = test_count_mappings();
     int ok = 1;
     void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
