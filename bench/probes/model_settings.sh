@@ -23,9 +23,7 @@ VARIANTS=(
     "buffers_6_chunk_8M|PINSHIM_STAGING_BUFFERS=6 PINSHIM_STAGING_CHUNK=8M"
     "threads_8|PINSHIM_COPY_THREADS=8"
 )
-if [ -n "${MODEL_VARIANTS:-}" ]; then
-    mapfile -t VARIANTS < <(printf '%s\n' "$MODEL_VARIANTS" | grep -v '^[[:space:]]*$')
-fi
+probe_variants "${MODEL_VARIANTS:-}"
 
 run() {   # run NAME REP WORD...: one model_bench.py run, its output in $DIR/NAME.REP.txt
     local name=$1 rep=$2; shift 2

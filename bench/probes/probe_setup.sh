@@ -3,7 +3,7 @@
 # It sets ROOT (the repository), BUILD (the build folder: the probe's first argument, else
 # build/), LIB (the library in it, which must exist), OUT (the environment's, else BUILD/probes)
 # and DIR (OUT/<the probe's name>, made), and exits 2 where one of them cannot be had; and
-# defines probe_run (below), the probes' one way to run a program.
+# defines probe_run, the probes' one way to run a program, and probe_variants (below).
 # shellcheck shell=bash
 PROBE=$(basename "$0" .sh)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -33,4 +33,11 @@ probe_run() {
     [ $# -gt 0 ] && shift   # the --
     [ -n "$lib" ] && envs=(LD_PRELOAD="$lib" PINSHIM_MODE=full "${envs[@]}")
     timeout "$secs" env "${envs[@]}" "$@" >"$file" 2>&1 || echo "run failed: exit $?" >>"$file"
+}
+
+# probe_variants TEXT: where TEXT (a variable of the environment, "name|WORDS" per line) is not
+# empty, its lines replace the probe's own VARIANTS.
+probe_variants() {
+    [ -n "$1" ] && mapfile -t VARIANTS < <(printf '%s\n' "$1" | grep -v '^[[:space:]]*$')
+    return 0
 }

@@ -46,9 +46,7 @@ VARIANTS=(
     "chunk_4M|SHIM PINSHIM_STAGING_CHUNK=4M"
     "chunk_64M|SHIM PINSHIM_STAGING_CHUNK=64M"
 )
-if [ -n "${STAGED_VARIANTS:-}" ]; then
-    mapfile -t VARIANTS < <(printf '%s\n' "$STAGED_VARIANTS" | grep -v '^[[:space:]]*$')
-fi
+probe_variants "${STAGED_VARIANTS:-}"
 
 run() {   # run NAME DIRECTION WORD...: one program run, its output in $DIR/NAME-DIRECTION.txt
     local name=$1 dir=$2; shift 2
