@@ -111,12 +111,13 @@ static void lane_destroy(struct lane *l, int registered)
     l->nev = 0;
 }
 
-/* Cut lane l's memory into slots for the next copy: its buffers' halves, or the buffers (see
- * struct lane). */
-static void lane_layout(struct lane *l, int halves)
+/* Cut lane l's memory into slots for the next copy, in direction dir and of pieces of `piece`
+ * bytes: a D2H copy whose pieces fit in half a buffer gets the buffers' halves, any other the
+ * buffers (see D2H_SPLIT). */
+static void lane_layout(struct lane *l, enum copy_dir dir, size_t piece)
 {
     size_t half = page_down(l->chunk / D2H_SPLIT);
-    halves = halves && half && l->nev >= l->nbuf * D2H_SPLIT;
+    int halves = dir == DIR_D2H && half && piece <= half && l->nev >= l->nbuf * D2H_SPLIT;
     if (l->nslot && l->halves == halves)
         return;
     for (unsigned i = 0; i < l->nev; i++) {
@@ -871,7 +872,7 @@ int staging_copy(const struct stage_req *req, CUresult *result)
     }
     size_t total = req->width * req->height;
     size_t piece = piece_size(total, l->chunk);
-    lane_layout(l, req->dir == DIR_D2H && piece <= page_down(l->chunk / D2H_SPLIT));
+    lane_layout(l, req->dir, piece);
     /* Contiguous on both sides: one long row, cut in full pieces. */
     struct stage_req flat = *req;
     if (flat.height > 1 && flat.host_pitch == flat.width && flat.dev_pitch == flat.width) {
