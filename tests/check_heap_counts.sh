@@ -6,7 +6,9 @@
 #     mmap, pthread_create and cuMemHostAlloc still work at the peak;
 #   - malloc + touch + free loops (64 KiB, 1 MiB at 1, 4 and 16 threads) and a working set of
 #     live blocks replaced at random: minor page faults at most twice the C library's, plus a
-#     few pages of the shim's own first-use records.
+#     few pages of the shim's own first-use records;
+#   - threads allocating at once: each thread's blocks lie in at most twice as many 2 MiB regions
+#     as with the C library's per-thread arenas (spread).
 set -u
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,6 +47,7 @@ compare FAULTS 2 16 loop 1048576 1000 4
 compare FAULTS 2 16 loop 262144 1000 16
 compare FAULTS 2 16 set 65536 256 20000
 compare FAULTS 2 16 set 1048576 64 3000
+compare REGIONS 2 16 spread 73728 256 8
 
 # Freed blocks beyond what the shim keeps resident (a 64th of memory, 256 MiB..4 GiB) give their
 # pages back, in batches; calloc must return zeros from them and from those still waiting.

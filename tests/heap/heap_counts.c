@@ -14,6 +14,14 @@
  *   heap_counts set SIZE LIVE OPS
  *                              a working set of LIVE blocks of SIZE..2*SIZE, ops random
  *                              replacements (every page of a new block touched); faults
+ *   heap_counts spread SIZE BLOCKS THREADS
+ *                              THREADS threads allocate BLOCKS blocks of SIZE each, one block
+ *                              each in turn (a barrier between turns), and free them in turns;
+ *                              then as many new threads do it again: prints the 2 MiB regions
+ *                              of address space the second cohort's blocks lie in, summed over
+ *                              its threads (threads whose blocks are spread over everyone's
+ *                              walk page tables no cache holds on every page they touch),
+ *                              and the second cohort's minor page faults
  *   heap_counts letgo BYTES LO HI
  *                              blocks of LO..HI bytes, BYTES in all, every byte written, all
  *                              freed (lone ones and runs of neighbours), then as many
@@ -193,6 +201,74 @@ static int set_mode(size_t size, long live, long ops)
     return 0;
 }
 
+static size_t spread_size;
+static long spread_blocks;
+static pthread_barrier_t turn;
+
+static int cmp_addr(const void *x, const void *y)
+{
+    uintptr_t a = *(const uintptr_t *)x, b = *(const uintptr_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* One cohort's thread: its blocks, allocated and freed in turns with the others'; returns the
+ * distinct 2 MiB regions its blocks' pages lie in (or -1). */
+static void *spread_thread(void *arg)
+{
+    (void)arg;
+    char **blocks = calloc((size_t)spread_blocks, sizeof *blocks);
+    size_t pages = (spread_size + 4095) / 4096, nr = 0;
+    uintptr_t *regions = calloc((size_t)spread_blocks * pages, sizeof *regions);
+    if (!blocks || !regions)
+        return (void *)-1l;
+    for (long i = 0; i < spread_blocks; i++) {
+        pthread_barrier_wait(&turn);
+        if (!(blocks[i] = malloc(spread_size)))
+            return (void *)-1l;
+        for (size_t o = 0; o < spread_size; o += 4096) {
+            blocks[i][o] = 1;
+            regions[nr++] = (uintptr_t)(blocks[i] + o) >> 21;
+        }
+    }
+    for (long i = 0; i < spread_blocks; i++) {
+        pthread_barrier_wait(&turn);
+        free(blocks[i]);
+    }
+    qsort(regions, nr, sizeof *regions, cmp_addr);
+    long distinct = 0;
+    for (size_t k = 0; k < nr; k++)
+        distinct += k == 0 || regions[k] != regions[k - 1];
+    free(regions);
+    free(blocks);
+    return (void *)distinct;
+}
+
+static int spread_mode(size_t size, long nblocks, int threads)
+{
+    spread_size = size;
+    spread_blocks = nblocks;
+    if (threads > 64)
+        threads = 64;
+    long regions = 0, f0 = 0;
+    pthread_barrier_init(&turn, NULL, (unsigned)threads);
+    for (int cohort = 0; cohort < 2; cohort++) {
+        pthread_t t[64];
+        regions = 0;
+        f0 = minor_faults();
+        for (int i = 0; i < threads; i++)
+            pthread_create(&t[i], NULL, spread_thread, NULL);
+        for (int i = 0; i < threads; i++) {
+            void *r;
+            pthread_join(t[i], &r);
+            if ((long)r < 0)
+                return 1;
+            regions += (long)r;
+        }
+    }
+    printf("REGIONS %ld\nFAULTS %ld\n", regions, minor_faults() - f0);
+    return 0;
+}
+
 static int letgo_mode(size_t bytes, size_t lo, size_t hi)
 {
     size_t n = bytes / ((lo + hi) / 2) + 1;
@@ -237,9 +313,11 @@ int main(int argc, char **argv)
         return loop_mode(strtoul(argv[2], NULL, 0), atol(argv[3]), atoi(argv[4]));
     if (argc == 5 && !strcmp(argv[1], "set"))
         return set_mode(strtoul(argv[2], NULL, 0), atol(argv[3]), atol(argv[4]));
+    if (argc == 5 && !strcmp(argv[1], "spread"))
+        return spread_mode(strtoul(argv[2], NULL, 0), atol(argv[3]), atoi(argv[4]));
     if (argc == 5 && !strcmp(argv[1], "letgo"))
         return letgo_mode(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), strtoul(argv[4], NULL, 0));
     fprintf(stderr, "usage: heap_counts maps N LO HI | loop SIZE PAIRS THREADS | set SIZE LIVE OPS | "
-                    "letgo BYTES LO HI\n");
+                    "spread SIZE BLOCKS THREADS | letgo BYTES LO HI\n");
     return 2;
 }

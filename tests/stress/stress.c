@@ -19,9 +19,9 @@
  * writable again before the host writes them; the
  * process forks now and then while the other threads work (the child checks the memory it
  * inherited, allocates and frees large blocks, gets the driver's own error from a copy); each
- * thread keeps a working set of B (default 256) live 64-256 KiB blocks that are replaced,
- * resized and sent to the device and back, their content checked every time the host touches
- * them and no two of them overlapping; and now and then a checkpoint round: a few blocks of one
+ * thread keeps a working set of B (default 256) live 64-256 KiB blocks that are replaced (some
+ * handed over to be freed by another thread), resized and sent to the device and back, their
+ * content checked every time the host touches them and no two of them overlapping; and now and then a checkpoint round: a few blocks of one
  * size allocated afresh, filled from the device and freed together.
  * STRESS_HOSTILE=1 adds what is legal but hostile: mappings created read-only (a library may
  * pin them read-only) and written later, and one more thread that signals interrupt at a high
@@ -1331,6 +1331,22 @@ static void pool_check(thr_t *t, int j, const char *when)
         fail(t, "working-set block %d (%zu bytes) changed %s", j, t->pool_n[j], when);
 }
 
+/* Working-set blocks handed from thread to thread: a replaced block is sometimes left in a
+ * mailbox slot instead of freed, and whoever next takes that slot checks and frees it.  A block
+ * freed by another thread than the one that allocated it goes back to where it came from (the
+ * shim's arena returns it to its segment's home).  Which thread frees which block depends on
+ * timing; nothing of it is logged, so the checksum does not. */
+#define MAILBOX 32
+static struct mail { unsigned char *p; size_t n; uint64_t key; } g_mail[MAILBOX];
+static pthread_mutex_t g_mail_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void mail_check_free(thr_t *t, struct mail m, const char *when)
+{
+    if (!m.p) return;
+    if (!is_fill(m.p, m.n, m.key)) fail(t, "a handed-over working-set block (%zu bytes) changed %s", m.n, when);
+    free(m.p);
+}
+
 static void pool_setup(thr_t *t)
 {
     if (!g_pool) return;
@@ -1349,7 +1365,18 @@ static void op_pool(thr_t *t)
     if (what < 5) {
         t->what = "working set: replace";
         pool_check(t, j, "before its free");
-        free(t->pool_p[j]);
+        if (what == 0) {
+            t->what = "working set: hand over";
+            struct mail mine = { t->pool_p[j], t->pool_n[j], t->pool_key[j] };
+            int k = (int)rnd(t, MAILBOX);
+            pthread_mutex_lock(&g_mail_mu);
+            struct mail theirs = g_mail[k];
+            g_mail[k] = mine;
+            pthread_mutex_unlock(&g_mail_mu);
+            mail_check_free(t, theirs, "in the mailbox");
+        } else {
+            free(t->pool_p[j]);
+        }
         pool_new(t, j);
     } else if (what < 7) {
         t->what = "working set: realloc";
@@ -1902,6 +1929,10 @@ int main(int argc, char **argv)
         pthread_join(kick, NULL);
         printf("info: %ld signals handled, %ld of them during driver calls (no allocation there)\n",
                (long)g_sig_handled, (long)g_sig_in_driver);
+    }
+    for (int k = 0; k < MAILBOX; k++) {
+        mail_check_free(&g_thr[0], g_mail[k], "by the end");
+        g_mail[k].p = NULL;
     }
     OK(&g_thr[0], cuCtxSynchronize());
     check_budget_now("at the end");
