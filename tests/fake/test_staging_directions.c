@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include "drvtest.h"
+#include "fakecuda.h"
 
 #define M (1u << 20)
 
@@ -51,6 +52,42 @@ static void *d2h_thread(void *arg)
     return NULL;
 }
 
+/* Thread A's async H2D of n bytes on a new stream, thread B's D2H of nb bytes once A's call has
+ * returned; both copies' bytes checked. */
+static void one_round(size_t n, size_t nb, unsigned seed_a, unsigned seed_b)
+{
+    unsigned char *b_src = fresh(nb);
+    fill_pattern(b_src, nb, seed_b);
+    CU(cuMemcpyHtoD(dev_b, b_src, nb));
+    munmap(b_src, nb);
+    CU(cuCtxSynchronize());
+
+    CUstream s;
+    CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    unsigned char *a_src = fresh(n);
+    fill_pattern(a_src, n, seed_a);
+    struct handoff h = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, nb, seed_b };
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, d2h_thread, &h) == 0);
+    CU(cuMemcpyHtoDAsync(dev_a, a_src, n, s));
+    pthread_mutex_lock(&h.mu);
+    h.h2d_returned = 1;
+    pthread_cond_signal(&h.cv);
+    pthread_mutex_unlock(&h.mu);
+    pthread_join(t, NULL);
+    CU(cuStreamSynchronize(s));
+    CU(cuStreamDestroy(s));
+    munmap(a_src, n);
+    h2d += 2;
+    d2h++;
+
+    unsigned char *back = fresh(n);
+    CU(cuMemcpyDtoH(back, dev_a, n));
+    d2h++;
+    CHECKF(check_pattern(back, n, seed_a), "thread A's async H2D of %zu bytes: every byte lands", n);
+    munmap(back, n);
+}
+
 int main(void)
 {
     ctx = drvtest_init();
@@ -70,41 +107,14 @@ int main(void)
                                        { 48 * M, 16 * M }, { 5 * M, 2 * M }, { 40 * M, 40 * M },
                                        { 33 * M + 7, 12 * M }, { 48 * M, 48 * M } };
 
-    /* A's H2D in flight while B's D2H takes the lane. */
-    for (unsigned round = 0; round < sizeof sizes / sizeof sizes[0]; round++) {
-        size_t n = sizes[round][0], nb = sizes[round][1];
-        unsigned seed_a = 60 + round, seed_b = 70 + round;
-        unsigned char *b_src = fresh(nb);
-        fill_pattern(b_src, nb, seed_b);
-        CU(cuMemcpyHtoD(dev_b, b_src, nb));
-        munmap(b_src, nb);
-        CU(cuCtxSynchronize());
-
-        CUstream s;
-        CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-        unsigned char *a_src = fresh(n);
-        fill_pattern(a_src, n, seed_a);
-        struct handoff h = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, nb, seed_b };
-        pthread_t t;
-        CHECK(pthread_create(&t, NULL, d2h_thread, &h) == 0);
-        CU(cuMemcpyHtoDAsync(dev_a, a_src, n, s));
-        pthread_mutex_lock(&h.mu);
-        h.h2d_returned = 1;
-        pthread_cond_signal(&h.cv);
-        pthread_mutex_unlock(&h.mu);
-        pthread_join(t, NULL);
-        CU(cuStreamSynchronize(s));
-        CU(cuStreamDestroy(s));
-        munmap(a_src, n);
-        h2d += 2;
-        d2h++;
-
-        unsigned char *back = fresh(n);
-        CU(cuMemcpyDtoH(back, dev_a, n));
-        d2h++;
-        CHECKF(check_pattern(back, n, seed_a), "thread A's async H2D of %zu bytes: every byte lands", n);
-        munmap(back, n);
-    }
+    /* A's H2D in flight while B's D2H takes the lane: each DMA made to wait 5 ms before it
+     * runs, so that A's last ones certainly still wait when B's begin (with the run's usual
+     * delay, B's DMAs landed before them in most runs, not all). */
+    fakecuda_set_async_delay_us(5000);
+    for (unsigned round = 0; round < sizeof sizes / sizeof sizes[0]; round++)
+        one_round(sizes[round][0], sizes[round][1], 60 + round, 70 + round);
+    const char *delay = getenv("FAKECUDA_ASYNC_DELAY_US");
+    fakecuda_set_async_delay_us(delay ? (unsigned)atoi(delay) : 50);
 
     /* One thread, the directions alternating, sizes from one piece to many. */
     static const size_t alternating[] = { 2 * M, 33 * M, 7 * M + 5, 48 * M, M, 17 * M };

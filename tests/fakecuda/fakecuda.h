@@ -39,6 +39,8 @@ void *fakecuda_driver_mmap(size_t n);
  * FAKECUDA_REGISTER_DELAY_US sets it at start): a real registration takes 45-366 ms per GiB,
  * long enough for a program's stream capture to begin while a background one is under way. */
 void fakecuda_set_register_delay_us(unsigned us);
+/* Each async operation enqueued from now on waits this long before it runs (FAKECUDA_ASYNC_DELAY_US). */
+void fakecuda_set_async_delay_us(unsigned us);
 
 /* Make every cuMemHostUnregister raise signal sig on the calling thread midway, while it holds
  * its locks (0: never, the default): a real driver takes the C library's locks inside its calls,

@@ -118,7 +118,7 @@ static CUresult do_copy(const char *what, xfer *x, CUstream hs, int ptds, int as
     op->h = x->h;
     op->d = x->d;
     op->async_api = async_api;
-    op->delay_us = fk_delay_us;
+    op->delay_us = __atomic_load_n(&fk_delay_us, __ATOMIC_RELAXED);
     classify(op, 0);
     r = fk_capture_gate(s, op, !async_api);
     if (r == FK_CAPTURED) { op = NULL; r = CUDA_SUCCESS; goto out; }
@@ -591,7 +591,7 @@ static CUresult memset_impl(const char *what, CUdeviceptr dst, uint32_t val, uns
         op->h = op->d = 1;
         op->elem = elem;
         op->val = val;
-        op->delay_us = fk_delay_us;
+        op->delay_us = __atomic_load_n(&fk_delay_us, __ATOMIC_RELAXED);
         r = fk_capture_gate(s, op, 0);
         if (r == FK_CAPTURED) r = CUDA_SUCCESS;
         else if (r) fk_op_free(op);

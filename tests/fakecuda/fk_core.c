@@ -168,6 +168,12 @@ FK_PUBLIC void fakecuda_set_register_delay_us(unsigned us)
     __atomic_store_n(&fk_register_delay_us, us, __ATOMIC_RELAXED);
 }
 
+FK_PUBLIC void fakecuda_set_async_delay_us(unsigned us)
+{
+    fk_setup();
+    __atomic_store_n(&fk_delay_us, us, __ATOMIC_RELAXED);
+}
+
 FK_PUBLIC void fakecuda_set_unregister_signal(int sig)
 {
     fk_setup();

@@ -775,7 +775,7 @@ static CUresult launch_host_func(CUstream hs, CUhostFn fn, void *ud, int ptds)
         fk_op *op = fk_op_new(OP_HOSTFN, "cuLaunchHostFunc");
         op->fn = fn;
         op->ud = ud;
-        op->delay_us = fk_delay_us;
+        op->delay_us = __atomic_load_n(&fk_delay_us, __ATOMIC_RELAXED);
         r = fk_capture_gate(s, op, 0);
         if (r == FK_CAPTURED) r = CUDA_SUCCESS;
         else if (r) fk_op_free(op);
