@@ -6,9 +6,10 @@
  * never touched by the program, so they cost address space, not memory.
  *
  * Locks: each class of each home (below) has one, taken only to refill or flush a thread's
- * cache; segments are made under a global one.  The segment map (one pointer per possible segment, 16 MiB of address
- * space touched only where segments are) and slot arrays are read without locks: a segment is
- * never unmapped, so a reader may see a slot change state, never a slot disappear. */
+ * cache; segments are made under a global one.  The segment map (one pointer per possible
+ * segment, 16 MiB of address space touched only where segments are) and slot arrays are read
+ * without locks: a segment is never unmapped, so a reader may see a slot change state, never a
+ * slot disappear. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -630,4 +631,8 @@ void arena_after_fork_child(void)
         for (unsigned c = 0; c < ARENA_CLASSES; c++)
             pthread_mutex_init(&central[h][c].mu, NULL);
     pthread_mutex_init(&seg_mu, NULL);
+    for (unsigned h = 0; h < ARENA_HOMES; h++)
+        home_threads[h] = 0;
+    if (my_cache)
+        home_threads[my_cache->home] = 1;
 }
