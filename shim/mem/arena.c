@@ -5,8 +5,8 @@
  * it, so at most a quarter of a block's pages lie beyond what was asked for; those pages are
  * never touched by the program, so they cost address space, not memory.
  *
- * Locks: each class of each home (below) has one, taken only to refill or flush a thread's
- * cache; segments are made under a global one.  The segment map (one pointer per possible
+ * Locks: each home (below) has one, taken only to refill or flush a thread's cache; segments
+ * are made under a global one.  The segment map (one pointer per possible
  * segment, 16 MiB of address space touched only where segments are) and slot arrays are read
  * without locks: a segment is never unmapped, so a reader may see a slot change state, never a
  * slot disappear. */
@@ -68,9 +68,8 @@ struct arena_seg {
  * (the first such), so that a thread started after another ended reuses its home's blocks. */
 #define ARENA_HOMES 16
 
-/* A line per class: one class's lock is not another's. */
+/* A class's lists in one home, on lines of their own. */
 struct central {
-    pthread_mutex_t mu;
     struct arena_slot *resident;   /* freed, pages kept: reused first (no faults) */
     struct arena_slot *purged;     /* freed, pages given back: zero */
     struct arena_seg *cur;         /* the segment fresh blocks come from */
@@ -90,6 +89,12 @@ struct tcache {
 static size_t class_bytes[ARENA_CLASSES];
 static unsigned class_keep[ARENA_CLASSES];   /* thread-cache depth per class */
 static struct central central[ARENA_HOMES][ARENA_CLASSES];
+/* A lock per home, as the C library has one per arena: threads of a home meet on it only when
+ * their caches refill or flush, threads of different homes never.  (A lock per class of each
+ * home made 768 locks for fork to take.) */
+static struct {
+    pthread_mutex_t mu;
+} __attribute__((aligned(ARENA_LINE))) home_lock[ARENA_HOMES];
 static unsigned home_threads[ARENA_HOMES];   /* threads with a cache there */
 static struct arena_seg **segmap;
 static pthread_mutex_t seg_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -134,9 +139,9 @@ void arena_init(void)
         class_bytes[c] = pages_of_class(c) * SHIM_PAGE_SIZE;
         size_t keep = TC_CLASS_BYTES / class_bytes[c];
         class_keep[c] = keep < 1 ? 1 : keep > TC_SLOTS ? TC_SLOTS : (unsigned)keep;
-        for (unsigned h = 0; h < ARENA_HOMES; h++)
-            pthread_mutex_init(&central[h][c].mu, NULL);
     }
+    for (unsigned h = 0; h < ARENA_HOMES; h++)
+        pthread_mutex_init(&home_lock[h].mu, NULL);
     uint64_t ram = config_physical_memory() / 64;
     central_resident_max = ram < CENTRAL_RESIDENT_MIN ? CENTRAL_RESIDENT_MIN
                          : ram > CENTRAL_RESIDENT_CAP ? CENTRAL_RESIDENT_CAP : (size_t)ram;
@@ -194,7 +199,7 @@ int arena_contains(uintptr_t p)
     return arena_may_contain(p) && seg_of(p) != NULL;
 }
 
-/* A new segment of class c for home h; its class lock is held by the caller. */
+/* A new segment of class c for home h; the home's lock is held by the caller. */
 static struct arena_seg *seg_new(unsigned h, unsigned c)
 {
     size_t bsize = class_bytes[c];
@@ -306,7 +311,7 @@ void arena_for_each_in_range(uintptr_t p, size_t n, void (*fn)(struct arena_slot
 /* ---- central lists ---- */
 
 /* Give back the pages of the class's pending blocks, neighbours in one call, and list them as
- * purged.  Class lock held. */
+ * purged.  The home's lock held. */
 static void purge_pending(struct central *cl, size_t bsize)
 {
     unsigned n = cl->npending;
@@ -335,7 +340,7 @@ static void purge_pending(struct central *cl, size_t bsize)
 }
 
 /* Put a freed block on its central list; pages beyond the resident bound are given back (in
- * batches).  Class lock held. */
+ * batches).  The home's lock held. */
 static void central_put(struct central *cl, struct arena_slot *sl, size_t bsize)
 {
     if (!sl->zero && __atomic_load_n(&counts.resident_free_bytes, __ATOMIC_RELAXED) + bsize > central_resident_max) {
@@ -360,7 +365,7 @@ static unsigned central_take(unsigned h, unsigned c, struct arena_slot **out, un
 {
     struct central *cl = &central[h][c];
     unsigned got = 0;
-    pthread_mutex_lock(&cl->mu);
+    pthread_mutex_lock(&home_lock[h].mu);
     while (got < want && cl->resident) {
         struct arena_slot *sl = cl->resident;
         cl->resident = sl->next;
@@ -386,7 +391,7 @@ static unsigned central_take(unsigned h, unsigned c, struct arena_slot **out, un
         s->fresh++;
         out[got++] = sl;
     }
-    pthread_mutex_unlock(&cl->mu);
+    pthread_mutex_unlock(&home_lock[h].mu);
     return got;
 }
 
@@ -396,10 +401,10 @@ static void central_put_many(unsigned c, struct arena_slot **in, unsigned n)
     for (unsigned i = 0; i < n;) {
         unsigned h = seg_of(in[i]->addr)->home;
         struct central *cl = &central[h][c];
-        pthread_mutex_lock(&cl->mu);
+        pthread_mutex_lock(&home_lock[h].mu);
         for (; i < n && seg_of(in[i]->addr)->home == h; i++)
             central_put(cl, in[i], class_bytes[c]);
-        pthread_mutex_unlock(&cl->mu);
+        pthread_mutex_unlock(&home_lock[h].mu);
     }
 }
 
@@ -605,13 +610,12 @@ void arena_usage(struct arena_usage *u)
 
 /* ---- fork ---- */
 
-/* In the order the allocation path takes them: a class lock, then (in seg_new) seg_mu.  No path
- * holds two class locks at once, so their own order is free. */
+/* In the order the allocation path takes them: a home's lock, then (in seg_new) seg_mu.  No
+ * path holds two homes' locks at once, so their own order is free. */
 void arena_before_fork(void)
 {
     for (unsigned h = 0; h < ARENA_HOMES; h++)
-        for (unsigned c = 0; c < ARENA_CLASSES; c++)
-            pthread_mutex_lock(&central[h][c].mu);
+        pthread_mutex_lock(&home_lock[h].mu);
     pthread_mutex_lock(&seg_mu);
 }
 
@@ -619,8 +623,7 @@ void arena_after_fork_parent(void)
 {
     pthread_mutex_unlock(&seg_mu);
     for (unsigned h = ARENA_HOMES; h-- > 0;)
-        for (unsigned c = ARENA_CLASSES; c-- > 0;)
-            pthread_mutex_unlock(&central[h][c].mu);
+        pthread_mutex_unlock(&home_lock[h].mu);
 }
 
 void arena_after_fork_child(void)
@@ -628,8 +631,7 @@ void arena_after_fork_child(void)
     /* Only the forking thread exists here; its cache is still its own.  Blocks in the other
      * threads' caches are lost to the child, as their threads are. */
     for (unsigned h = 0; h < ARENA_HOMES; h++)
-        for (unsigned c = 0; c < ARENA_CLASSES; c++)
-            pthread_mutex_init(&central[h][c].mu, NULL);
+        pthread_mutex_init(&home_lock[h].mu, NULL);
     pthread_mutex_init(&seg_mu, NULL);
     for (unsigned h = 0; h < ARENA_HOMES; h++)
         home_threads[h] = 0;
