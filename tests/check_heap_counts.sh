@@ -8,7 +8,9 @@
 #     live blocks replaced at random: minor page faults at most twice the C library's, plus a
 #     few pages of the shim's own first-use records;
 #   - threads allocating at once: each thread's blocks lie in at most twice as many 2 MiB regions
-#     as with the C library's per-thread arenas (spread).
+#     as with the C library's per-thread arenas (spread);
+#   - with the address space limited to 48 MiB beyond what the process maps, no more allocations
+#     fail than without the shim, and calloc's bytes read zero (aslimit).
 set -u
 BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,6 +50,8 @@ compare FAULTS 2 16 loop 262144 1000 16
 compare FAULTS 2 16 set 65536 256 20000
 compare FAULTS 2 16 set 1048576 64 3000
 compare REGIONS 2 16 spread 73728 256 8
+compare FAILED 1 0 aslimit
+compare NONZERO 1 0 aslimit
 
 # Freed blocks beyond what the shim keeps resident (a 64th of memory, 256 MiB..4 GiB) give their
 # pages back, in batches; calloc must return zeros from them and from those still waiting.

@@ -154,6 +154,20 @@ static void drain_deferred(void)
 
 /* ---- the malloc family ---- */
 
+/* Neither the arena nor a mapping of its own could be had (an address-space limit, strict
+ * overcommit, the map count: a segment is 64 MiB of address space): the C library may still
+ * have room, as it would have without the shim.  Its blocks are not the shim's: free, realloc
+ * and the copies find them in no segment and no record, and treat them as the C library's. */
+static void *libc_block(size_t n, size_t align, int zero)
+{
+    if (align <= 16)
+        return zero ? libc.calloc(1, n) : libc.malloc(n);
+    void *p = libc.memalign(align, n);
+    if (p && zero)
+        memset(p, 0, n);
+    return p;
+}
+
 void *heap_alloc(size_t n, size_t align, int zero)
 {
     if (SHIM_UNLIKELY(__atomic_load_n(&deferred_count, __ATOMIC_RELAXED)))
@@ -166,9 +180,8 @@ void *heap_alloc(size_t n, size_t align, int zero)
             memset(p, 0, n);
         return p;
     }
-    if (arena_serves(n, align))
-        return arena_alloc(n, align, zero);
-    return huge_alloc(n, align, zero);
+    p = arena_serves(n, align) ? arena_alloc(n, align, zero) : huge_alloc(n, align, zero);
+    return p ? p : libc_block(n, align, zero);
 }
 
 static int free_now(uintptr_t a)

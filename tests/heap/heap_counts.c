@@ -22,6 +22,12 @@
  *                              its threads (threads whose blocks are spread over everyone's
  *                              walk page tables no cache holds on every page they touch),
  *                              and the second cohort's minor page faults
+ *   heap_counts aslimit        the address space limited (RLIMIT_AS) to what the process maps
+ *                              plus 48 MiB, then blocks of 300 KiB-1 MiB allocated (malloc,
+ *                              calloc, posix_memalign), grown and shrunk with realloc, written
+ *                              and freed: prints how many calls failed and the calloc'd bytes
+ *                              that were not zero (an allocator that wants 64 MiB of address
+ *                              space for a new size fails where the C library does not)
  *   heap_counts letgo BYTES LO HI
  *                              blocks of LO..HI bytes, BYTES in all, every byte written, all
  *                              freed (lone ones and runs of neighbours), then as many
@@ -269,6 +275,64 @@ static int spread_mode(size_t size, long nblocks, int threads)
     return 0;
 }
 
+static long vm_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmSize:", 7))
+            kb = atol(line + 7);
+    if (f)
+        fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+static int aslimit_mode(void)
+{
+    void *warm = malloc(100 << 10);   /* an allocator's first large block, before the limit */
+    long vm = vm_bytes();
+    if (!warm || vm < 0)
+        return 2;
+    struct rlimit r = { (rlim_t)vm + (48 << 20), (rlim_t)vm + (48 << 20) };
+    if (setrlimit(RLIMIT_AS, &r) != 0)
+        return 2;
+    long failed = 0, nonzero = 0;
+    enum { N = 12 };
+    char *b[N];
+    for (int i = 0; i < N; i++) {
+        size_t n = (size_t)(300 + 61 * i) << 10;
+        if (i % 3 == 0) {
+            b[i] = malloc(n);
+        } else if (i % 3 == 1) {
+            b[i] = calloc(1, n);
+            for (size_t k = 0; b[i] && k < n; k++)
+                nonzero += b[i][k] != 0;
+        } else {
+            void *q = NULL;
+            b[i] = posix_memalign(&q, 4096, n) == 0 ? q : NULL;
+        }
+        if (!b[i]) {
+            failed++;
+            continue;
+        }
+        memset(b[i], i, n);
+        char *q = realloc(b[i], i % 2 ? n / 2 : n + (200 << 10));
+        if (!q) {
+            failed++;
+            continue;
+        }
+        b[i] = q;
+        if (q[0] != (char)i || q[n / 2 - 1] != (char)i)
+            failed++;   /* realloc lost the block's content */
+    }
+    for (int i = 0; i < N; i++)
+        free(b[i]);
+    free(warm);
+    printf("FAILED %ld\nNONZERO %ld\n", failed, nonzero);
+    return 0;
+}
+
 static int letgo_mode(size_t bytes, size_t lo, size_t hi)
 {
     size_t n = bytes / ((lo + hi) / 2) + 1;
@@ -315,9 +379,11 @@ int main(int argc, char **argv)
         return set_mode(strtoul(argv[2], NULL, 0), atol(argv[3]), atol(argv[4]));
     if (argc == 5 && !strcmp(argv[1], "spread"))
         return spread_mode(strtoul(argv[2], NULL, 0), atol(argv[3]), atoi(argv[4]));
+    if (argc == 2 && !strcmp(argv[1], "aslimit"))
+        return aslimit_mode();
     if (argc == 5 && !strcmp(argv[1], "letgo"))
         return letgo_mode(strtoul(argv[2], NULL, 0), strtoul(argv[3], NULL, 0), strtoul(argv[4], NULL, 0));
     fprintf(stderr, "usage: heap_counts maps N LO HI | loop SIZE PAIRS THREADS | set SIZE LIVE OPS | "
-                    "spread SIZE BLOCKS THREADS | letgo BYTES LO HI\n");
+                    "spread SIZE BLOCKS THREADS | aslimit | letgo BYTES LO HI\n");
     return 2;
 }
