@@ -21,8 +21,9 @@
  * inherited, allocates and frees large blocks, gets the driver's own error from a copy); each
  * thread keeps a working set of B (default 256) live 64-256 KiB blocks that are replaced (some
  * handed over to be freed by another thread), resized and sent to the device and back, their
- * content checked every time the host touches them and no two of them overlapping; and now and then a checkpoint round: a few blocks of one
- * size allocated afresh, filled from the device and freed together.
+ * content checked every time the host touches them and no two of them overlapping; and now
+ * and then a checkpoint round: a few blocks of one size allocated afresh, filled from the
+ * device and freed together.
  * STRESS_HOSTILE=1 adds what is legal but hostile: mappings created read-only (a library may
  * pin them read-only) and written later, and one more thread that signals interrupt at a high
  * rate (a POSIX timer and pthread_kill) with a handler that calls malloc, while it maps,
