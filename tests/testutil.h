@@ -4,6 +4,8 @@
 #define PINSHIM_TESTUTIL_H
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static int tests_passed __attribute__((unused));
 static int tests_failed __attribute__((unused));
@@ -36,6 +38,25 @@ static inline int test_count_mappings(void)
         n += c == '\n';
     fclose(f);
     return n;
+}
+
+/* A number of /proc/self/status: the one after "key:" (Threads, VmSize in kB, ...); -1 when it
+ * cannot be read. */
+static inline long test_status_value(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    long v = -1;
+    size_t k = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, k) && line[k] == ':') {
+            v = atol(line + k + 1);
+            break;
+        }
+    fclose(f);
+    return v;
 }
 
 #define TEST_SUMMARY()                                                      \

@@ -6,10 +6,9 @@
  * never touched by the program, so they cost address space, not memory.
  *
  * Locks: each home (below) has one, taken only to refill or flush a thread's cache; segments
- * are made under a global one.  The segment map (one pointer per possible
- * segment, 16 MiB of address space touched only where segments are) and slot arrays are read
- * without locks: a segment is never unmapped, so a reader may see a slot change state, never a
- * slot disappear. */
+ * are made under a global one.  The segment map (one pointer per possible segment, 16 MiB of
+ * address space touched only where segments are) and slot arrays are read without locks: a
+ * segment is never unmapped, so a reader may see a slot change state, never a slot disappear. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>

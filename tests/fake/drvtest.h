@@ -159,19 +159,10 @@ static inline void drvtest_wait_registrations_settled(void)
     }
 }
 
-/* The process's threads, from /proc/self/status (-1 when it cannot be read). */
+/* The process's threads (-1 when they cannot be counted). */
 static inline int drvtest_count_threads(void)
 {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f)
-        return -1;
-    char line[256];
-    int n = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "Threads: %d", &n) == 1)
-            break;
-    fclose(f);
-    return n;
+    return (int)test_status_value("Threads");
 }
 
 /* The shim starts work of its own behind the program's first calls (full mode: the staging

@@ -275,23 +275,10 @@ static int spread_mode(size_t size, long nblocks, int threads)
     return 0;
 }
 
-static long vm_bytes(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmSize:", 7))
-            kb = atol(line + 7);
-    if (f)
-        fclose(f);
-    return kb < 0 ? -1 : kb * 1024;
-}
-
 static int aslimit_mode(void)
 {
     void *warm = malloc(100 << 10);   /* an allocator's first large block, before the limit */
-    long vm = vm_bytes();
+    long vm = test_status_value("VmSize") * 1024;   /* the address space mapped */
     if (!warm || vm < 0)
         return 2;
     struct rlimit r = { (rlim_t)vm + (48 << 20), (rlim_t)vm + (48 << 20) };
